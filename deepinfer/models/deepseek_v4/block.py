@@ -1,0 +1,42 @@
+"""One V4 decoder block over hyper-connection streams: attention then MoE, each wrapped in mHC."""
+
+from __future__ import annotations
+
+import jax
+
+from deepinfer.config import ModelConfig
+from deepinfer.models.deepseek_v4.attention import attention
+from deepinfer.models.deepseek_v4.hyper_connections import hc_post, hc_pre
+from deepinfer.models.deepseek_v4.moe import moe
+from deepinfer.models.deepseek_v4.ops import rms_norm
+
+
+def block(
+    cfg: ModelConfig,
+    p: dict,
+    layer_type: str,
+    mlp_type: str,
+    streams: jax.Array,
+    positions: jax.Array,
+    token_ids: jax.Array,
+) -> tuple[jax.Array, dict]:
+    """streams [B, S, hc, D] -> new streams, plus intermediates keyed by sub-layer.
+
+    token_ids [B, S] feed hash routing. Intermediates (dropped by XLA when unused):
+    "attn_in" / "ffn_in" — the collapsed, normed sub-layer inputs; "attn" / "moe" —
+    sub-layer outputs; "attn.*" — attention internals; "out" — the new streams.
+    """
+    eps = cfg.rms_norm_eps
+    post, comb, collapsed = hc_pre(cfg, p["hc_attn"], streams)
+    attn_in = rms_norm(collapsed, p["attn_norm"], eps)
+    attn_out, attn_aux = attention(cfg, p["attn"], layer_type, attn_in, positions)
+    streams = hc_post(post, comb, attn_out, streams)
+
+    post, comb, collapsed = hc_pre(cfg, p["hc_ffn"], streams)
+    ffn_in = rms_norm(collapsed, p["ffn_norm"], eps)
+    moe_out = moe(cfg, p["ffn"], mlp_type, ffn_in, token_ids)
+    streams = hc_post(post, comb, moe_out, streams)
+
+    aux = {"attn_in": attn_in, "attn": attn_out, "ffn_in": ffn_in, "moe": moe_out, "out": streams}
+    aux.update({f"attn.{k}": v for k, v in attn_aux.items()})
+    return streams, aux

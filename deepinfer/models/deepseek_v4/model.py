@@ -1,0 +1,51 @@
+"""The DeepSeek-V4 forward pass over whole sequences (no cache).
+
+``forward(cfg, params, tokens)`` -> logits. ``forward_with_intermediates`` also
+returns every block's intermediates and the pre-head streams (what the MTP block
+consumes). Under jit, intermediates nobody reads are removed by XLA.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from deepinfer.config import ModelConfig
+from deepinfer.models.deepseek_v4.block import block
+from deepinfer.models.deepseek_v4.hyper_connections import hc_head
+from deepinfer.models.deepseek_v4.ops import rms_norm
+
+
+def embed(params: dict, tokens: jax.Array) -> jax.Array:
+    """tokens [B, S] -> [B, S, D] in the embedding's dtype."""
+    return params["embed"][tokens]
+
+
+def lm_head(cfg: ModelConfig, params: dict, head_params: dict, norm_w: jax.Array, streams: jax.Array) -> jax.Array:
+    """Collapse streams with a hyper-connection head, norm, project to the vocabulary (fp32 logits)."""
+    x = rms_norm(hc_head(cfg, head_params, streams), norm_w, cfg.rms_norm_eps)
+    w = params["embed"] if cfg.tie_word_embeddings else params["head"]
+    return jnp.einsum("...d,vd->...v", x, w.astype(x.dtype), preferred_element_type=jnp.float32)
+
+
+def default_positions(tokens: jax.Array) -> jax.Array:
+    return jnp.broadcast_to(jnp.arange(tokens.shape[1], dtype=jnp.int32), tokens.shape)
+
+
+def forward_with_intermediates(cfg: ModelConfig, params: dict, tokens: jax.Array) -> tuple[jax.Array, jax.Array, list[dict]]:
+    """tokens [B, S] (whole sequences from position 0) -> (logits [B, S, V] fp32,
+    pre-head streams [B, S, hc, D], per-layer intermediates)."""
+    positions = default_positions(tokens)
+    h = embed(params, tokens)
+    streams = jnp.broadcast_to(h[:, :, None, :], (*h.shape[:2], cfg.hc_mult, h.shape[-1]))
+    layers_aux = []
+    for i, (layer_type, mlp_type) in enumerate(zip(cfg.layer_types, cfg.mlp_layer_types)):
+        streams, aux = block(cfg, params["layers"][i], layer_type, mlp_type, streams, positions, tokens)
+        layers_aux.append(aux)
+    logits = lm_head(cfg, params, params["hc_head"], params["norm"], streams)
+    return logits, streams, layers_aux
+
+
+def forward(cfg: ModelConfig, params: dict, tokens: jax.Array) -> jax.Array:
+    """tokens [B, S] -> logits [B, S, V] (fp32)."""
+    return forward_with_intermediates(cfg, params, tokens)[0]

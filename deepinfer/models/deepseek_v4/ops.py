@@ -1,0 +1,37 @@
+"""Small numeric building blocks shared by the V4 layers.
+
+Weights are ``[out, in]`` (checkpoint layout). Norms compute in fp32 and return
+the input dtype, as the reference does.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+
+def linear(x: jax.Array, w: jax.Array) -> jax.Array:
+    """x[..., in] @ w[out, in].T -> [..., out], accumulated in fp32, returned in x's dtype."""
+    y = jnp.einsum("...k,nk->...n", x, w.astype(x.dtype), preferred_element_type=jnp.float32)
+    return y.astype(x.dtype)
+
+
+def rms_norm(x: jax.Array, weight: jax.Array, eps: float) -> jax.Array:
+    """Weighted RMSNorm over the last axis; the (fp32) weight multiplies in fp32."""
+    xf = x.astype(jnp.float32)
+    xf = xf * jax.lax.rsqrt(jnp.mean(xf * xf, axis=-1, keepdims=True) + eps)
+    return (weight.astype(jnp.float32) * xf).astype(x.dtype)
+
+
+def unweighted_rms_norm(x: jax.Array, eps: float) -> jax.Array:
+    """RMSNorm without a weight (per-head query norm, hyper-connection input norm)."""
+    xf = x.astype(jnp.float32)
+    inv = jax.lax.rsqrt(jnp.mean(xf * xf, axis=-1, keepdims=True) + eps)
+    return x * inv.astype(x.dtype)
+
+
+def swiglu(gate: jax.Array, up: jax.Array, limit: float) -> jax.Array:
+    """V4's clamped SwiGLU: gate clipped from above, up clipped on both sides."""
+    gate = jnp.minimum(gate, limit)
+    up = jnp.clip(up, -limit, limit)
+    return jax.nn.silu(gate) * up
