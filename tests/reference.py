@@ -9,7 +9,11 @@ norms); a comparison with those left alone proves nothing about them, so
 from __future__ import annotations
 
 import copy
+import functools
+import json
 import math
+import os
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -17,85 +21,15 @@ import torch
 from deepinfer.config import ModelConfig
 from deepinfer.models.deepseek_v4.loader import params_from_named_arrays
 
-# Three tiny configs that together cover: sliding / CSA / HCA layers, hash and score
-# MoE, more visible compressed rows than index_topk, prompts shorter than the window
-# and prompts spanning many compressed rows (ratios lowered), YaRN and plain rope,
-# sqrtsoftplus and sigmoid routing, hc_mult 4 and 2.
+# Three tiny configs (configs/tiny_*.json, transformers spelling) that together
+# cover: sliding / CSA / HCA layers, hash and score MoE, more visible compressed rows
+# than index_topk, prompts shorter than the window and prompts spanning many
+# compressed rows (ratios lowered), YaRN and plain rope, sqrtsoftplus and sigmoid
+# routing, hc_mult 4 and 2.
+CONFIG_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs")
 TINY_CONFIGS: dict[str, dict] = {
-    "mixed": dict(
-        vocab_size=96,
-        hidden_size=32,
-        num_hidden_layers=4,
-        num_attention_heads=4,
-        head_dim=16,
-        partial_rotary_factor=0.5,
-        q_lora_rank=24,
-        o_groups=2,
-        o_lora_rank=12,
-        sliding_window=8,
-        layer_types=["sliding_attention", "compressed_sparse_attention", "heavily_compressed_attention", "compressed_sparse_attention"],
-        compress_rates={"compressed_sparse_attention": 4, "heavily_compressed_attention": 8},
-        mlp_layer_types=["hash_moe", "hash_moe", "moe", "moe"],
-        index_n_heads=8,
-        index_head_dim=12,
-        index_topk=3,
-        n_routed_experts=6,
-        num_experts_per_tok=2,
-        moe_intermediate_size=20,
-        hc_mult=4,
-        num_nextn_predict_layers=1,
-        rope_parameters={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32, "beta_fast": 32, "beta_slow": 1},
-        max_position_embeddings=128,
-    ),
-    "dense_compression": dict(
-        vocab_size=80,
-        hidden_size=24,
-        num_hidden_layers=3,
-        num_attention_heads=2,
-        head_dim=16,
-        partial_rotary_factor=0.25,
-        q_lora_rank=16,
-        o_groups=1,
-        o_lora_rank=16,
-        sliding_window=4,
-        layer_types=["compressed_sparse_attention", "heavily_compressed_attention", "compressed_sparse_attention"],
-        compress_rates={"compressed_sparse_attention": 2, "heavily_compressed_attention": 4},
-        mlp_layer_types=["hash_moe", "moe", "moe"],
-        index_n_heads=8,
-        index_head_dim=8,
-        index_topk=2,
-        n_routed_experts=4,
-        num_experts_per_tok=3,
-        moe_intermediate_size=16,
-        hc_mult=2,
-        scoring_func="sigmoid",
-        num_nextn_predict_layers=1,
-        max_position_embeddings=256,
-    ),
-    "short_prompt": dict(
-        vocab_size=64,
-        hidden_size=32,
-        num_hidden_layers=3,
-        num_attention_heads=4,
-        head_dim=8,
-        partial_rotary_factor=0.5,
-        q_lora_rank=16,
-        o_groups=4,
-        o_lora_rank=8,
-        sliding_window=16,
-        layer_types=["sliding_attention", "compressed_sparse_attention", "heavily_compressed_attention"],
-        compress_rates={"compressed_sparse_attention": 4, "heavily_compressed_attention": 16},
-        mlp_layer_types=["moe", "moe", "moe"],
-        index_n_heads=8,
-        index_head_dim=8,
-        index_topk=4,
-        n_routed_experts=8,
-        num_experts_per_tok=2,
-        moe_intermediate_size=12,
-        hc_mult=4,
-        num_nextn_predict_layers=1,
-        max_position_embeddings=128,
-    ),
+    name: json.load(open(os.path.join(CONFIG_DIR, f"tiny_{name}.json"), encoding="utf-8"))
+    for name in ("mixed", "dense_compression", "short_prompt")
 }
 
 # (batch, sequence length) per config: lengths not a multiple of the ratios.
@@ -105,8 +39,7 @@ TINY_SHAPES = {"mixed": (2, 45), "dense_compression": (1, 37), "short_prompt": (
 def hf_config(name: str):
     from transformers import DeepseekV4Config
 
-    cfg = DeepseekV4Config(**copy.deepcopy(TINY_CONFIGS[name]), attn_implementation="eager")
-    return cfg
+    return DeepseekV4Config(**copy.deepcopy(TINY_CONFIGS[name]), attn_implementation="eager")
 
 
 def deepinfer_config(name: str) -> ModelConfig:
@@ -163,3 +96,22 @@ def random_tokens(name: str, seed: int = 1) -> np.ndarray:
 def reference_logits(model: torch.nn.Module, tokens: np.ndarray) -> np.ndarray:
     out = model(input_ids=torch.as_tensor(tokens), use_cache=False)
     return out.logits.float().numpy()
+
+
+@dataclass(frozen=True)
+class Case:
+    """One tiny reference setup: the torch model, our config and params, tokens."""
+
+    name: str
+    model: object
+    cfg: ModelConfig
+    params: dict
+    tokens: np.ndarray
+
+
+@functools.lru_cache(maxsize=None)
+def load_case(name: str, seed: int = 0) -> Case:
+    """Cached per test session: building and converting is the slow part. Treat as read-only."""
+    model = build_reference(name, seed)
+    cfg = deepinfer_config(name)
+    return Case(name, model, cfg, params_from_torch(cfg, model), random_tokens(name))

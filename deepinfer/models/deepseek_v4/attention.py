@@ -13,7 +13,7 @@ import jax.numpy as jnp
 
 from deepinfer.config import CSA, HCA, SLIDING, ModelConfig
 from deepinfer.models.deepseek_v4 import compressor, indexer
-from deepinfer.models.deepseek_v4.ops import linear, rms_norm, unweighted_rms_norm
+from deepinfer.models.deepseek_v4.ops import einsum_f32, linear, rms_norm, unweighted_rms_norm
 from deepinfer.models.deepseek_v4.rope import apply_rope, rope_angles
 
 
@@ -39,14 +39,14 @@ def attend_with_sink(q: jax.Array, keys: jax.Array, mask: jax.Array, sink: jax.A
     q [B, S, H, hd], keys [B, K, hd] (also the values), mask [B, S, K] bool,
     sink [H]. The sink joins the denominator only. Returns [B, S, H, hd].
     """
-    logits = jnp.einsum("bshd,bkd->bhsk", q, keys, preferred_element_type=jnp.float32) * scale
+    logits = einsum_f32("bshd,bkd->bhsk", q, keys) * scale
     logits = jnp.where(mask[:, None, :, :], logits, -jnp.inf)
     sink = sink.astype(jnp.float32)[None, :, None]  # [1, H, 1]
     peak = jnp.maximum(jnp.max(logits, axis=-1), sink)  # [B, H, S]
     weights = jnp.exp(logits - peak[..., None])
     denom = jnp.sum(weights, axis=-1) + jnp.exp(sink - peak)
     probs = (weights / denom[..., None]).astype(keys.dtype)
-    return jnp.einsum("bhsk,bkd->bshd", probs, keys, preferred_element_type=jnp.float32).astype(keys.dtype)
+    return einsum_f32("bhsk,bkd->bshd", probs, keys).astype(keys.dtype)
 
 
 def output_projection(cfg: ModelConfig, p: dict, o: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
@@ -58,7 +58,7 @@ def output_projection(cfg: ModelConfig, p: dict, o: jax.Array, cos: jax.Array, s
     g = cfg.o_groups
     grouped = o.reshape(*o.shape[:-2], g, -1)  # [B, S, G, H*hd/G]
     wo_a = p["wo_a"].reshape(g, cfg.o_lora_rank, -1).astype(o.dtype)  # [G, R, H*hd/G]
-    mid = jnp.einsum("bsgk,grk->bsgr", grouped, wo_a, preferred_element_type=jnp.float32).astype(o.dtype)
+    mid = einsum_f32("bsgk,grk->bsgr", grouped, wo_a).astype(o.dtype)
     return linear(mid.reshape(*mid.shape[:-2], -1), p["wo_b"])
 
 

@@ -47,6 +47,11 @@ def params_from_named_arrays(
         raise ValueError(f"mtp must be 'auto', 'require' or 'skip', got {mtp!r}")
     has_mtp = any(resolve(n) is not None and resolve(n).path.startswith("mtp.") for n in named)
     include_mtp = mtp == "require" or (mtp == "auto" and has_mtp)
+    if mtp == "require" and cfg.num_nextn_predict_layers and not has_mtp:
+        raise CheckpointError(
+            "missing: every MTP tensor (mtp.0.e_proj.weight, mtp.0.attn.wq_a.weight, ...): the checkpoint has "
+            "no MTP weights (transformers' save_pretrained drops them); load with mtp='auto' to run without MTP"
+        )
     specs: dict[str, ParamSpec] = flatten_dotted(model_spec(cfg, include_mtp=include_mtp))
 
     quantized = sorted(n for n in named if n.endswith(".scale") and n[: -len(".scale")] + ".weight" in named)

@@ -13,7 +13,7 @@ import jax.numpy as jnp
 from deepinfer.config import ModelConfig
 from deepinfer.models.deepseek_v4.block import block
 from deepinfer.models.deepseek_v4.hyper_connections import hc_head
-from deepinfer.models.deepseek_v4.ops import rms_norm
+from deepinfer.models.deepseek_v4.ops import einsum_f32, rms_norm
 
 
 def embed(params: dict, tokens: jax.Array) -> jax.Array:
@@ -25,7 +25,7 @@ def lm_head(cfg: ModelConfig, params: dict, head_params: dict, norm_w: jax.Array
     """Collapse streams with a hyper-connection head, norm, project to the vocabulary (fp32 logits)."""
     x = rms_norm(hc_head(cfg, head_params, streams), norm_w, cfg.rms_norm_eps)
     w = params["embed"] if cfg.tie_word_embeddings else params["head"]
-    return jnp.einsum("...d,vd->...v", x, w.astype(x.dtype), preferred_element_type=jnp.float32)
+    return einsum_f32("...d,vd->...v", x, w.astype(x.dtype))
 
 
 def default_positions(tokens: jax.Array) -> jax.Array:

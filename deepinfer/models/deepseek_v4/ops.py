@@ -10,10 +10,22 @@ import jax
 import jax.numpy as jnp
 
 
+def einsum_f32(equation: str, a: jax.Array, b: jax.Array) -> jax.Array:
+    """Contraction with an fp32 result (fp32 accumulation for bf16 inputs).
+
+    Accelerators take bf16 operands with an fp32 accumulator directly. XLA's CPU
+    backend rejects some bf16 x bf16 -> f32 dots ("Unsupported element type for
+    DotThunk::Execute", e.g. the batched probs @ values), and has no bf16 matmul
+    units anyway, so there the operands are upcast first.
+    """
+    if jax.default_backend() == "cpu" and (a.dtype != jnp.float32 or b.dtype != jnp.float32):
+        return jnp.einsum(equation, a.astype(jnp.float32), b.astype(jnp.float32))
+    return jnp.einsum(equation, a, b, preferred_element_type=jnp.float32)
+
+
 def linear(x: jax.Array, w: jax.Array) -> jax.Array:
     """x[..., in] @ w[out, in].T -> [..., out], accumulated in fp32, returned in x's dtype."""
-    y = jnp.einsum("...k,nk->...n", x, w.astype(x.dtype), preferred_element_type=jnp.float32)
-    return y.astype(x.dtype)
+    return einsum_f32("...k,nk->...n", x, w.astype(x.dtype)).astype(x.dtype)
 
 
 def rms_norm(x: jax.Array, weight: jax.Array, eps: float) -> jax.Array:
