@@ -71,9 +71,6 @@ def test_hashable_and_static_under_jit():
     assert hash(cfg) == hash(deepinfer_config("mixed"))
     traces = []
 
-    @jax.jit
-    def f(x):
-        return x
 
     def g(c, x):
         traces.append(1)

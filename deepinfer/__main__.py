@@ -1,0 +1,96 @@
+"""`python -m deepinfer`: run the V4 forward on a checkpoint or a config, from the command line.
+
+Until the server lands (`python -m deepinfer.serve`), this is the end-to-end job:
+load a checkpoint directory (config.json + safetensors, transformers or official
+naming) or build a random model from a config file, then greedily extend a
+token prompt. There is no KV cache yet: every new token re-runs the whole
+sequence, so use it on small models.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+MAX_RANDOM_PARAMS = 2_000_000_000
+DEFAULT_MODEL = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs", "tiny_mixed.json")
+
+
+def _parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m deepinfer", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", default=DEFAULT_MODEL, help="checkpoint directory, or a config.json for random weights (default: %(default)s)")
+    p.add_argument("--prompt-ids", default="1,2,3,4,5", help="comma-separated prompt token ids (default: %(default)s)")
+    p.add_argument("--new-tokens", type=int, default=8, help="greedy tokens to generate (default: %(default)s)")
+    p.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
+    p.add_argument("--seed", type=int, default=0, help="seed for random weights (config input only)")
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parse_args(argv)
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    from deepinfer.config import ConfigError, ModelConfig
+    from deepinfer.models.deepseek_v4 import forward, model_spec
+    from deepinfer.models.deepseek_v4.loader import CheckpointError, load_checkpoint
+    from deepinfer.params import count_params, init_params
+
+    try:
+        prompt = [int(t) for t in args.prompt_ids.split(",") if t.strip()]
+    except ValueError:
+        print(f"error: --prompt-ids must be comma-separated integers, got {args.prompt_ids!r}", file=sys.stderr)
+        return 2
+    if not prompt:
+        print("error: --prompt-ids is empty", file=sys.stderr)
+        return 2
+    start = time.perf_counter()
+    try:
+        if os.path.isdir(args.model):
+            cfg, params = load_checkpoint(args.model, dtype=args.dtype)
+            source = f"checkpoint {args.model}"
+        else:
+            cfg = ModelConfig.from_json_file(args.model)
+            size = count_params(model_spec(cfg, include_mtp=False))
+            if size > MAX_RANDOM_PARAMS:
+                print(f"error: {args.model} describes {size:,} parameters; random weights are only built "
+                      f"for models up to {MAX_RANDOM_PARAMS:,} (pass a checkpoint directory instead)", file=sys.stderr)
+                return 2
+            params = init_params(model_spec(cfg, include_mtp=False), jax.random.key(args.seed), args.dtype)
+            source = f"random weights (seed {args.seed}) for {args.model}"
+    except (OSError, ConfigError, CheckpointError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    bad = [t for t in prompt if not 0 <= t < cfg.vocab_size]
+    if bad:
+        print(f"error: prompt token ids {bad} are outside the vocabulary (size {cfg.vocab_size})", file=sys.stderr)
+        return 2
+    n_params = count_params(model_spec(cfg, include_mtp="mtp" in params))
+    print(f"model: {source}")
+    print(f"parameters: {n_params:,} ({args.dtype}); layers: {', '.join(cfg.layer_types)}")
+    print(f"loaded in {time.perf_counter() - start:.2f} s on {jax.devices()[0].platform}")
+
+    # One fixed length for every step (one compile): attention is causal, so the
+    # padding after the current position does not change its logits.
+    total = len(prompt) + args.new_tokens
+    step = jax.jit(lambda p, t, pos: jnp.argmax(forward(cfg, p, t)[0, pos]))
+    tokens = np.zeros((1, total), np.int32)
+    tokens[0, : len(prompt)] = prompt
+    timings = []
+    for pos in range(len(prompt) - 1, total - 1):
+        t0 = time.perf_counter()
+        tokens[0, pos + 1] = int(step(params, jnp.asarray(tokens), pos))
+        timings.append(time.perf_counter() - t0)
+    print(f"prompt ids: {prompt}")
+    steady = f", then {1000 * float(np.median(timings[1:])):.1f} ms/token" if len(timings) > 1 else ""
+    print(f"greedy continuation: {tokens[0, len(prompt):].tolist()}")
+    if timings:
+        print(f"first step {timings[0]:.2f} s (includes compilation){steady} (whole-sequence recompute, no cache yet)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
