@@ -2,34 +2,39 @@
 
 from __future__ import annotations
 
+from typing import Callable
+
 import jax
 
 from deepinfer.config import ModelConfig
-from deepinfer.models.deepseek_v4.attention import attention
 from deepinfer.models.deepseek_v4.hyper_connections import hc_post, hc_pre
 from deepinfer.models.deepseek_v4.moe import moe
 from deepinfer.models.deepseek_v4.ops import rms_norm
+
+# normed attention input [B, S, D] -> (output [B, S, D], intermediates)
+AttentionFn = Callable[[jax.Array], tuple[jax.Array, dict]]
 
 
 def block(
     cfg: ModelConfig,
     p: dict,
-    layer_type: str,
     mlp_type: str,
     streams: jax.Array,
-    positions: jax.Array,
     token_ids: jax.Array,
+    attention_fn: AttentionFn,
 ) -> tuple[jax.Array, dict]:
     """streams [B, S, hc, D] -> new streams, plus intermediates keyed by sub-layer.
 
-    token_ids [B, S] feed hash routing. Intermediates (dropped by XLA when unused):
-    "attn_in" / "ffn_in" — the collapsed, normed sub-layer inputs; "attn" / "moe" —
-    sub-layer outputs; "attn.*" — attention internals; "out" — the new streams.
+    ``attention_fn`` runs the attention sub-layer (whole-sequence or cached; it
+    closes over positions and cache state). token_ids [B, S] feed hash routing.
+    Intermediates (dropped by XLA when unused): "attn_in" / "ffn_in" — the
+    collapsed, normed sub-layer inputs; "attn" / "moe" — sub-layer outputs;
+    "attn.*" — attention internals; "out" — the new streams.
     """
     eps = cfg.rms_norm_eps
     post, comb, collapsed = hc_pre(cfg, p["hc_attn"], streams)
     attn_in = rms_norm(collapsed, p["attn_norm"], eps)
-    attn_out, attn_aux = attention(cfg, p["attn"], layer_type, attn_in, positions)
+    attn_out, attn_aux = attention_fn(attn_in)
     streams = hc_post(post, comb, attn_out, streams)
 
     post, comb, collapsed = hc_pre(cfg, p["hc_ffn"], streams)

@@ -7,10 +7,13 @@ consumes). Under jit, intermediates nobody reads are removed by XLA.
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 
 from deepinfer.config import ModelConfig
+from deepinfer.models.deepseek_v4.attention import attention
 from deepinfer.models.deepseek_v4.block import block
 from deepinfer.models.deepseek_v4.hyper_connections import hc_head
 from deepinfer.models.deepseek_v4.ops import einsum_f32, rms_norm
@@ -40,7 +43,9 @@ def forward_with_intermediates(cfg: ModelConfig, params: dict, tokens: jax.Array
     streams = jnp.broadcast_to(h[:, :, None, :], (*h.shape[:2], cfg.hc_mult, h.shape[-1]))
     layers_aux = []
     for i, (layer_type, mlp_type) in enumerate(zip(cfg.layer_types, cfg.mlp_layer_types)):
-        streams, aux = block(cfg, params["layers"][i], layer_type, mlp_type, streams, positions, tokens)
+        p = params["layers"][i]
+        attn_fn = functools.partial(attention, cfg, p["attn"], layer_type, positions=positions)
+        streams, aux = block(cfg, p, mlp_type, streams, tokens, attn_fn)
         layers_aux.append(aux)
     logits = lm_head(cfg, params, params["hc_head"], params["norm"], streams)
     return logits, streams, layers_aux

@@ -11,9 +11,12 @@ MTP weights, so tests check this against an independent reference.
 
 from __future__ import annotations
 
+import functools
+
 import jax
 
 from deepinfer.config import SCORE_MOE, ModelConfig
+from deepinfer.models.deepseek_v4.attention import attention
 from deepinfer.models.deepseek_v4.block import block
 from deepinfer.models.deepseek_v4.model import embed, lm_head
 from deepinfer.models.deepseek_v4.ops import linear, rms_norm
@@ -38,5 +41,6 @@ def mtp_forward(
     e = rms_norm(embed(params, next_tokens), p["enorm"], eps)
     h = rms_norm(streams, p["hnorm"], eps)
     x = linear(e, p["e_proj"])[:, :, None, :] + linear(h, p["h_proj"])
-    x, _ = block(cfg, p["block"], cfg.mtp_layer_types[depth], SCORE_MOE, x, positions, next_tokens)
+    attn_fn = functools.partial(attention, cfg, p["block"]["attn"], cfg.mtp_layer_types[depth], positions=positions)
+    x, _ = block(cfg, p["block"], SCORE_MOE, x, next_tokens, attn_fn)
     return lm_head(cfg, params, p["hc_head"], p["norm"], x), x
