@@ -1,0 +1,20 @@
+"""deepinfer: a JAX/XLA inference engine for the DeepSeek-V4 family.
+
+``deepinfer.generate`` (the jitted on-device generation loop) and
+``deepinfer.ModelConfig`` are imported lazily, so host-only modules (the
+scheduler) can import the package without importing JAX.
+"""
+
+__all__ = ["generate", "GenerateOutput", "ModelConfig"]
+
+
+def __getattr__(name):
+    if name in ("generate", "GenerateOutput"):
+        from deepinfer.runtime import generate as module
+
+        return getattr(module, name)
+    if name == "ModelConfig":
+        from deepinfer.config import ModelConfig
+
+        return ModelConfig
+    raise AttributeError(f"module 'deepinfer' has no attribute {name!r}")

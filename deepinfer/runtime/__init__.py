@@ -1,0 +1,1 @@
+"""Device side: jitted step functions, sampling, the on-device generate loop."""

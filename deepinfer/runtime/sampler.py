@@ -1,0 +1,59 @@
+"""Per-sequence sampling on device: greedy, temperature, top-k, top-p, with a seed per sequence.
+
+The noise is a pure function of (seed, absolute position, token id): Gumbel noise
+over the vocabulary drawn from ``fold_in(key(seed), position)``. It never depends
+on the batch slot, the step count or a shared key, so a sequence samples the same
+tokens whatever else runs beside it. ``salt`` keeps independent streams apart
+(e.g. draft vs target sampling in speculative decoding).
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+
+def sampling_noise(seeds: jax.Array, positions: jax.Array, vocab: int, salt: int = 0) -> jax.Array:
+    """Gumbel noise [B, V] for each sequence's (seed, position)."""
+
+    def one(seed, pos):
+        key = jax.random.fold_in(jax.random.fold_in(jax.random.key(seed), salt), pos)
+        return jax.random.gumbel(key, (vocab,), jnp.float32)
+
+    return jax.vmap(one)(seeds.astype(jnp.uint32), positions.astype(jnp.int32))
+
+
+def filter_logits(logits: jax.Array, temperature: jax.Array, top_k: jax.Array, top_p: jax.Array) -> jax.Array:
+    """Temperature-scaled logits [B, V] with everything outside top-k / top-p set to -inf.
+
+    top_k <= 0 and top_p >= 1 switch those filters off. Ties at a threshold are kept.
+    """
+    scaled = logits.astype(jnp.float32) / jnp.maximum(temperature, 1e-6)[:, None]
+    vocab = scaled.shape[-1]
+    desc = -jnp.sort(-scaled, axis=-1)
+    kth = jnp.take_along_axis(desc, jnp.clip(top_k - 1, 0, vocab - 1)[:, None], axis=-1)
+    scaled = jnp.where((top_k[:, None] > 0) & (scaled < kth), -jnp.inf, scaled)
+    # top-p: the smallest set of most likely tokens whose mass reaches top_p.
+    probs = jax.nn.softmax(scaled, axis=-1)
+    sorted_p = -jnp.sort(-probs, axis=-1)
+    mass_before = jnp.cumsum(sorted_p, axis=-1) - sorted_p
+    kept = mass_before < top_p[:, None]
+    min_kept = jnp.min(jnp.where(kept, sorted_p, jnp.inf), axis=-1, keepdims=True)
+    return jnp.where((top_p[:, None] < 1.0) & (probs < min_kept), -jnp.inf, scaled)
+
+
+def sample(
+    logits: jax.Array,
+    positions: jax.Array,
+    seeds: jax.Array,
+    temperature: jax.Array,
+    top_k: jax.Array,
+    top_p: jax.Array,
+    salt: int = 0,
+) -> jax.Array:
+    """Next tokens [B] from logits [B, V]; temperature <= 0 means greedy (argmax)."""
+    filtered = filter_logits(logits, temperature, top_k, top_p)
+    noisy = filtered + sampling_noise(seeds, positions, logits.shape[-1], salt)
+    sampled = jnp.argmax(noisy, axis=-1)
+    greedy = jnp.argmax(logits, axis=-1)
+    return jnp.where(temperature <= 0, greedy, sampled).astype(jnp.int32)
