@@ -44,17 +44,16 @@ def _generate(
     cfg: ModelConfig,
     layout: StateLayout,
     max_new_tokens: int,
-    eos_ids: tuple[int, ...],
     dtype,
     params: dict,
     prompts: jax.Array,
     prompt_lens: jax.Array,
     sp: SamplingArrays,
+    eos: jax.Array,
 ) -> GenerateOutput:
     b = prompts.shape[0]
     state = init_decode_state(cfg, layout, dtype)
     logits, state = extend(cfg, params, state, prompts, prompt_lens, all_logits=False)
-    eos = jnp.asarray(eos_ids if eos_ids else (-2,), jnp.int32)
 
     def pick(logits, state):
         # the new token sits at position `lengths` (after everything committed so far)
@@ -88,8 +87,9 @@ def _generate(
     return GenerateOutput(out, count, hit_eos)
 
 
-# One compiled program per static setup (config, layout, length, eos ids, dtype).
-_generate_jit = jax.jit(_generate, static_argnums=(0, 1, 2, 3, 4))
+# One compiled program per static setup (config, layout, length, dtype).
+_generate_jit = jax.jit(_generate, static_argnums=(0, 1, 2, 3))
+MAX_EOS_IDS = 8  # eos ids travel as a fixed-size array (-2 = unused) so new ids do not recompile
 
 
 def _per_seq(value, b: int, dtype, name: str) -> np.ndarray:
@@ -153,6 +153,10 @@ def generate(
     )
     if np.any(np.asarray(sp.max_tokens) < 1) or np.any(np.asarray(sp.max_tokens) > max_new_tokens):
         raise ValueError(f"max_tokens must lie in [1, max_new_tokens={max_new_tokens}]")
-    eos = tuple(int(e) for e in (cfg.eos_token_ids if eos_token_ids is None else eos_token_ids))
+    eos_list = [int(e) for e in (cfg.eos_token_ids if eos_token_ids is None else eos_token_ids)]
+    if len(eos_list) > MAX_EOS_IDS:
+        raise ValueError(f"at most {MAX_EOS_IDS} eos token ids are supported, got {len(eos_list)}")
+    eos = jnp.asarray(eos_list + [-2] * (MAX_EOS_IDS - len(eos_list)), jnp.int32)
     layout = StateLayout(batch=b, max_len=max_len, max_backtrack=max_backtrack)
-    return _generate_jit(cfg, layout, max_new_tokens, eos, jnp.dtype(params["embed"].dtype), params, jnp.asarray(arr), jnp.asarray(lens), sp)
+    dtype = jnp.dtype(params["embed"].dtype)
+    return _generate_jit(cfg, layout, max_new_tokens, dtype, params, jnp.asarray(arr), jnp.asarray(lens), sp, eos)

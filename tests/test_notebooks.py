@@ -1,0 +1,23 @@
+"""Every notebook runs top to bottom on a fresh kernel (so none of them rots)."""
+
+import os
+
+import nbformat
+import pytest
+from nbclient import NotebookClient
+
+NOTEBOOK_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "notebooks")
+NOTEBOOKS = sorted(n for n in os.listdir(NOTEBOOK_DIR) if n.endswith(".ipynb"))
+
+
+def test_there_are_notebooks():
+    assert "01_generate.ipynb" in NOTEBOOKS
+
+
+@pytest.mark.parametrize("name", NOTEBOOKS)
+def test_notebook_executes(name):
+    nb = nbformat.read(os.path.join(NOTEBOOK_DIR, name), as_version=4)
+    NotebookClient(nb, timeout=600, kernel_name="python3", resources={"metadata": {"path": NOTEBOOK_DIR}}).execute()
+    outputs = [o for cell in nb.cells if cell.cell_type == "code" for o in cell.get("outputs", [])]
+    assert not [o for o in outputs if o.get("output_type") == "error"]
+    assert any("tokens in" in o.get("text", "") for o in outputs)
