@@ -1,0 +1,96 @@
+"""Pack a scheduled step into fixed-shape numpy arrays: one int32 and one float32 buffer.
+
+Token counts and request counts are padded up to buckets so the device sees few
+shapes; block tables have a fixed [rows, max_pages] shape per pool. Padding
+tokens are marked invalid and padding rows point at out-of-range slots and pages
+(the device drops their writes). Layout of the int buffer, in order:
+
+    tokens[T] positions[T] token_row[T] valid[T]
+    slot[R] length[R] n_new[R] start[R] sample[R] seed[R] top_k[R]
+    block_table[pool][R, max_pages]   (one per pool, in PoolSpec order)
+
+and of the float buffer: temperature[R] top_p[R].
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from deepinfer.engine.scheduler import PoolSpec, StepPlan
+
+INT_FIELDS_T = ("tokens", "positions", "token_row", "valid")
+INT_FIELDS_R = ("slot", "length", "n_new", "start", "sample", "seed", "top_k")
+FLOAT_FIELDS_R = ("temperature", "top_p")
+
+
+def pick_bucket(n: int, buckets: tuple[int, ...]) -> int:
+    for b in buckets:
+        if n <= b:
+            return b
+    raise ValueError(f"{n} exceeds the largest bucket {buckets[-1]}")
+
+
+@dataclass(frozen=True)
+class PlanShape:
+    """Static shape of a packed plan (what the device step is compiled for)."""
+
+    num_tokens: int  # T bucket
+    num_rows: int  # R bucket
+    max_pages: tuple[int, ...]  # per pool
+
+    @property
+    def int_size(self) -> int:
+        return len(INT_FIELDS_T) * self.num_tokens + len(INT_FIELDS_R) * self.num_rows + sum(
+            self.num_rows * m for m in self.max_pages
+        )
+
+    @property
+    def float_size(self) -> int:
+        return len(FLOAT_FIELDS_R) * self.num_rows
+
+
+def pack(
+    plan: StepPlan,
+    pools: tuple[PoolSpec, ...],
+    shape: PlanShape,
+    num_slots: int,
+    seeds: dict[str, int],
+) -> tuple[np.ndarray, np.ndarray]:
+    """The (ints, floats) buffers for one step."""
+    t_cap, r_cap = shape.num_tokens, shape.num_rows
+    if plan.num_tokens > t_cap or len(plan.scheduled) > r_cap:
+        raise ValueError(f"plan of {plan.num_tokens} tokens / {len(plan.scheduled)} rows exceeds shape {shape}")
+    tok = {f: np.zeros(t_cap, np.int32) for f in INT_FIELDS_T}
+    row = {f: np.zeros(r_cap, np.int32) for f in INT_FIELDS_R}
+    row["slot"][:] = num_slots  # out of range for padding rows: writes dropped
+    flo = {"temperature": np.zeros(r_cap, np.float32), "top_p": np.ones(r_cap, np.float32)}
+    tables = [np.full((r_cap, m), spec.num_pages, np.int32) for spec, m in zip(pools, shape.max_pages)]
+    tok["token_row"][:] = r_cap - 1 if not plan.scheduled else len(plan.scheduled) - 1
+    offset = 0
+    for i, (req, n) in enumerate(plan.scheduled):
+        ids = req.all_token_ids[req.num_computed : req.num_computed + n]
+        sl = slice(offset, offset + n)
+        tok["tokens"][sl] = ids
+        tok["positions"][sl] = np.arange(req.num_computed, req.num_computed + n)
+        tok["token_row"][sl] = i
+        tok["valid"][sl] = 1
+        sp = req.sampling_params
+        row["slot"][i] = req.slot
+        row["length"][i] = req.num_computed
+        row["n_new"][i] = n
+        row["start"][i] = offset
+        row["sample"][i] = int(plan.samples(req, n))
+        row["seed"][i] = seeds[req.request_id]
+        row["top_k"][i] = max(sp.top_k, 0)
+        flo["temperature"][i] = sp.temperature
+        flo["top_p"][i] = sp.top_p
+        for table, spec in zip(tables, pools):
+            pages = req.pages.get(spec.name, [])
+            table[i, : len(pages)] = pages
+        offset += n
+    ints = np.concatenate([tok[f] for f in INT_FIELDS_T] + [row[f] for f in INT_FIELDS_R] + [t.ravel() for t in tables])
+    floats = np.concatenate([flo[f] for f in FLOAT_FIELDS_R])
+    assert ints.size == shape.int_size and floats.size == shape.float_size
+    return ints.astype(np.int32), floats.astype(np.float32)

@@ -1,0 +1,55 @@
+"""A request's life on the host: tokens, progress, the device resources it holds."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+from deepinfer.engine.sampling_params import SamplingParams
+
+
+class RequestStatus(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+@dataclass
+class Request:
+    """One generation request.
+
+    ``num_computed`` counts the tokens (prompt, then outputs) whose state is on
+    the device. Preemption by recompute drops the state and resets it to 0; the
+    request later replays prompt + outputs so far and continues exactly where it
+    was (sampling depends only on seed and position).
+    """
+
+    request_id: str
+    prompt_token_ids: list[int]
+    sampling_params: SamplingParams
+    arrival: int = 0
+    seed: int = 0
+    output_token_ids: list[int] = field(default_factory=list)
+    status: RequestStatus = RequestStatus.WAITING
+    num_computed: int = 0
+    slot: int | None = None
+    pages: dict[str, list[int]] = field(default_factory=dict)
+    finish_reason: str | None = None
+    num_preemptions: int = 0
+
+    @property
+    def all_token_ids(self) -> list[int]:
+        return self.prompt_token_ids + self.output_token_ids
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_token_ids) + len(self.output_token_ids)
+
+    @property
+    def num_pending(self) -> int:
+        """Tokens known on the host but not yet computed on the device."""
+        return self.num_tokens - self.num_computed
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status == RequestStatus.FINISHED

@@ -1,0 +1,224 @@
+"""The host scheduler: which requests run this step, and how many tokens each.
+
+Policy (continuous batching with chunked prefill):
+
+1. Running requests first, oldest first. Each takes its pending tokens — one
+   for a decode, the rest of its prompt (up to the budget) for a prefill — so
+   prefill chunks and decodes share a step. When pages run out, the newest
+   running request is preempted by recompute: its slot and pages are freed, it
+   returns to the front of the waiting queue, and later replays its prompt and
+   the tokens it had produced.
+2. Then waiting requests in arrival order (FCFS), while the token budget,
+   ``max_num_seqs``, slots and pages allow. The head of the queue is never
+   skipped, so a long prompt is not starved by short ones behind it; it is
+   prefilled in chunks across steps.
+
+Its output is a list of (request, number of new tokens); ``plan.py`` packs it
+into numpy arrays for the device. No JAX here.
+"""
+
+from __future__ import annotations
+
+import collections
+from dataclasses import dataclass, field
+
+from deepinfer.engine.allocators import OutOfPages, PageAllocator, SlotAllocator
+from deepinfer.engine.request import Request, RequestStatus
+
+
+@dataclass(frozen=True)
+class PoolSpec:
+    """A paged pool of compressed rows: one row per ``ratio`` tokens, ``page_size`` rows a page."""
+
+    name: str
+    ratio: int
+    page_size: int
+    num_pages: int
+
+    def pages_for(self, num_tokens: int) -> int:
+        rows = num_tokens // self.ratio
+        return -(-rows // self.page_size)
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    max_num_seqs: int
+    max_num_batched_tokens: int
+    max_model_len: int
+    num_slots: int
+    pools: tuple[PoolSpec, ...] = ()
+    eos_token_ids: tuple[int, ...] = ()
+
+    def __post_init__(self):
+        for key in ("max_num_seqs", "max_num_batched_tokens", "max_model_len", "num_slots"):
+            if getattr(self, key) < 1:
+                raise ValueError(f"{key} must be >= 1, got {getattr(self, key)}")
+
+
+@dataclass
+class StepPlan:
+    """What one step runs: (request, new tokens) in order, and who was preempted."""
+
+    scheduled: list[tuple[Request, int]] = field(default_factory=list)
+    preempted: list[Request] = field(default_factory=list)
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(n for _, n in self.scheduled)
+
+    def samples(self, req: Request, n: int) -> bool:
+        """Whether this step produces a new token for req (its chunk reaches the end of its known tokens)."""
+        return req.num_computed + n == req.num_tokens
+
+
+class Scheduler:
+    def __init__(self, config: SchedulerConfig):
+        self.config = config
+        self.waiting: collections.deque[Request] = collections.deque()
+        self.running: list[Request] = []
+        self.slots = SlotAllocator(config.num_slots)
+        self.pools = {p.name: PageAllocator(p.name, p.num_pages) for p in config.pools}
+        self._specs = {p.name: p for p in config.pools}
+        self._arrivals = 0
+        self.num_preemptions = 0
+
+    # -- requests in and out -------------------------------------------------
+
+    def add_request(self, req: Request) -> None:
+        if not req.prompt_token_ids:
+            raise ValueError(f"request {req.request_id}: the prompt is empty")
+        if len(req.prompt_token_ids) >= self.config.max_model_len:
+            raise ValueError(
+                f"request {req.request_id}: prompt of {len(req.prompt_token_ids)} tokens leaves no room to "
+                f"generate within max_model_len {self.config.max_model_len}"
+            )
+        for spec in self._specs.values():
+            if spec.pages_for(self.config.max_model_len) > spec.num_pages:
+                raise ValueError(f"pool {spec.name!r} cannot hold even one request of max_model_len tokens")
+        req.arrival = self._arrivals
+        self._arrivals += 1
+        req.status = RequestStatus.WAITING
+        self.waiting.append(req)
+
+    def abort(self, req: Request) -> None:
+        if req.status == RequestStatus.WAITING:
+            self.waiting.remove(req)
+        elif req.status == RequestStatus.RUNNING:
+            self.running.remove(req)
+            self._release(req)
+        if not req.is_finished:
+            req.status, req.finish_reason = RequestStatus.FINISHED, "abort"
+
+    @property
+    def has_unfinished(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    # -- one step ---------------------------------------------------------------
+
+    def schedule(self) -> StepPlan:
+        plan = StepPlan()
+        budget = self.config.max_num_batched_tokens
+        i = 0
+        while i < len(self.running) and budget > 0:
+            req = self.running[i]
+            n = min(req.num_pending, budget)
+            if not self._grow_or_preempt(req, n, plan):
+                continue  # req itself was preempted; the list shifted
+            plan.scheduled.append((req, n))
+            budget -= n
+            i += 1
+        if plan.preempted:
+            return plan  # memory is short: admit nobody new this step
+        while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
+            req = self.waiting[0]
+            n = min(req.num_pending, budget)
+            if self.slots.num_free == 0 or not self._can_grow(req, n):
+                break  # FCFS: never skip the head of the queue
+            req.slot = self.slots.allocate()
+            self._grow(req, n)
+            self.waiting.popleft()
+            req.status = RequestStatus.RUNNING
+            self.running.append(req)
+            plan.scheduled.append((req, n))
+            budget -= n
+        return plan
+
+    def update(self, plan: StepPlan, sampled: dict[str, int]) -> list[Request]:
+        """Record a finished step: computed tokens advance; sampled tokens append. Returns newly finished."""
+        finished = []
+        for req, n in plan.scheduled:
+            makes_token = plan.samples(req, n)
+            req.num_computed += n
+            if not makes_token:
+                continue
+            req.output_token_ids.append(int(sampled[req.request_id]))
+            reason = self._finish_reason(req)
+            if reason:
+                self.running.remove(req)
+                self._release(req)
+                req.status, req.finish_reason = RequestStatus.FINISHED, reason
+                finished.append(req)
+        return finished
+
+    def check_all_free(self) -> None:
+        """Allocator invariant: with no request left, every page and slot is free."""
+        self.slots.check_all_free()
+        for pool in self.pools.values():
+            pool.check_all_free()
+
+    # -- internals --------------------------------------------------------------
+
+    def _finish_reason(self, req: Request) -> str | None:
+        token = req.output_token_ids[-1]
+        sp = req.sampling_params
+        if token in sp.stop_token_ids or (not sp.ignore_eos and token in self.config.eos_token_ids):
+            return "stop"
+        if sp.max_tokens is not None and len(req.output_token_ids) >= sp.max_tokens:
+            return "length"
+        if req.num_tokens >= self.config.max_model_len:
+            return "length"
+        return None
+
+    def _pages_missing(self, req: Request, n: int) -> dict[str, int]:
+        end = req.num_computed + n
+        return {name: spec.pages_for(end) - len(req.pages.get(name, ())) for name, spec in self._specs.items()}
+
+    def _can_grow(self, req: Request, n: int) -> bool:
+        return all(m <= self.pools[name].num_free for name, m in self._pages_missing(req, n).items())
+
+    def _grow(self, req: Request, n: int) -> None:
+        for name, missing in self._pages_missing(req, n).items():
+            if missing > 0:
+                req.pages.setdefault(name, []).extend(self.pools[name].allocate(missing))
+
+    def _grow_or_preempt(self, req: Request, n: int, plan: StepPlan) -> bool:
+        """Give req pages for n more tokens, preempting the newest running requests if needed.
+        False when req itself had to be preempted."""
+        while not self._can_grow(req, n):
+            victim = self.running[-1]
+            self._preempt(victim)
+            plan.preempted.append(victim)
+            if victim is req:
+                return False
+        try:
+            self._grow(req, n)
+        except OutOfPages as e:  # _can_grow said yes: a bookkeeping bug, not a user error
+            raise AssertionError(str(e)) from None
+        return True
+
+    def _preempt(self, req: Request) -> None:
+        self.running.remove(req)
+        self._release(req)
+        req.num_computed = 0
+        req.status = RequestStatus.WAITING
+        req.num_preemptions += 1
+        self.num_preemptions += 1
+        self.waiting.appendleft(req)
+
+    def _release(self, req: Request) -> None:
+        for name, pages in req.pages.items():
+            self.pools[name].free(pages)
+        req.pages = {}
+        if req.slot is not None:
+            self.slots.free(req.slot)
+            req.slot = None

@@ -1,0 +1,221 @@
+"""The host scheduler and allocators, with no JAX anywhere."""
+
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from deepinfer.engine.allocators import OutOfPages, PageAllocator, SlotAllocator
+from deepinfer.engine.plan import PlanShape, pack
+from deepinfer.engine.request import Request
+from deepinfer.engine.sampling_params import SamplingParams
+from deepinfer.engine.scheduler import PoolSpec, Scheduler, SchedulerConfig
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def make(max_num_seqs=4, budget=16, max_model_len=64, slots=4, pages=32, eos=(1,)):
+    pools = (PoolSpec("csa", ratio=4, page_size=2, num_pages=pages), PoolSpec("hca", ratio=8, page_size=2, num_pages=pages))
+    return Scheduler(SchedulerConfig(max_num_seqs, budget, max_model_len, slots, pools, eos))
+
+
+def req(rid, n_prompt, max_tokens=8, **sp):
+    return Request(rid, list(range(2, 2 + n_prompt)), SamplingParams(max_tokens=max_tokens, **sp))
+
+
+def run_step(s, tokens=None):
+    """Schedule, then pretend the device sampled `tokens[id]` (default 7) for every sampling row."""
+    plan = s.schedule()
+    sampled = {r.request_id: (tokens or {}).get(r.request_id, 7) for r, n in plan.scheduled if plan.samples(r, n)}
+    return plan, s.update(plan, sampled)
+
+
+def test_the_engine_package_does_not_import_jax():
+    code = "import sys, deepinfer.engine.scheduler, deepinfer.engine.plan, deepinfer.engine; assert 'jax' not in sys.modules, 'jax imported'"
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+
+
+def test_budget_is_respected_and_prefill_is_chunked():
+    s = make(budget=10)
+    s.add_request(req("a", 25))
+    sizes = []
+    while s.has_unfinished:
+        plan, _ = run_step(s)
+        assert plan.num_tokens <= 10
+        sizes.append(plan.num_tokens)
+    assert sizes[:3] == [10, 10, 5]  # 25-token prompt in chunks; the last chunk samples
+    s.check_all_free()
+
+
+def test_decodes_and_prefill_chunks_share_a_step():
+    s = make(budget=8)
+    s.add_request(req("a", 3))
+    run_step(s)  # a prefilled, sampled its first token
+    s.add_request(req("b", 20))
+    plan, _ = run_step(s)
+    assert [(r.request_id, n) for r, n in plan.scheduled] == [("a", 1), ("b", 7)]
+
+
+def test_fcfs_and_no_starvation_of_a_long_prompt():
+    s = make(budget=8, max_num_seqs=8)
+    s.add_request(req("long", 40, max_tokens=2))
+    for i in range(6):
+        s.add_request(req(f"short{i}", 2, max_tokens=2))
+    first_steps = [[r.request_id for r, _ in run_step(s)[0].scheduled] for _ in range(2)]
+    assert first_steps[0] == ["long"]  # the head is served first, not skipped for shorter ones
+    assert first_steps[1] == ["long"]
+    finished_order = []
+    while s.has_unfinished:
+        finished_order += [r.request_id for r in run_step(s)[1]]
+    assert finished_order[0] == "long"
+    s.check_all_free()
+
+
+def test_max_num_seqs_and_slots_bound_the_running_set():
+    s = make(max_num_seqs=2, slots=2, budget=64)
+    for i in range(4):
+        s.add_request(req(f"r{i}", 3, max_tokens=3))
+    plan, _ = run_step(s)
+    assert len(plan.scheduled) == 2 and len(s.running) == 2 and len(s.waiting) == 2
+    while s.has_unfinished:
+        run_step(s)
+        assert len(s.running) <= 2
+    s.check_all_free()
+
+
+def test_finish_reasons():
+    s = make(budget=64)
+    s.add_request(req("eos", 3, max_tokens=10))
+    s.add_request(req("stop_id", 3, max_tokens=10, stop_token_ids=[42]))
+    s.add_request(req("length", 3, max_tokens=2))
+    s.add_request(req("ignore", 3, max_tokens=2, ignore_eos=True))
+    reasons = {}
+    while s.has_unfinished:
+        _, done = run_step(s, tokens={"eos": 1, "stop_id": 42, "length": 5, "ignore": 1})
+        reasons.update({r.request_id: (r.finish_reason, len(r.output_token_ids)) for r in done})
+    assert reasons == {"eos": ("stop", 1), "stop_id": ("stop", 1), "length": ("length", 2), "ignore": ("length", 2)}
+    s.check_all_free()
+
+
+def test_max_model_len_finishes_with_length():
+    s = make(budget=64, max_model_len=10)
+    s.add_request(req("a", 6, max_tokens=None))
+    while s.has_unfinished:
+        _, done = run_step(s)
+    assert done[0].finish_reason == "length" and done[0].num_tokens == 10
+
+
+def test_preemption_frees_the_newest_and_it_resumes_from_scratch():
+    # 3 pages of 2 rows per pool; each request grows 1 csa row per 4 tokens
+    s = make(budget=64, pages=3, max_model_len=24)
+    s.add_request(req("old", 8, max_tokens=12))
+    s.add_request(req("new", 8, max_tokens=12))
+    preempted, steps = [], 0
+    while s.has_unfinished:
+        plan, _ = run_step(s)
+        preempted += [r.request_id for r in plan.preempted]
+        steps += 1
+    assert preempted and preempted[0] == "new"  # the newest running request goes first
+    assert s.num_preemptions >= 1
+    s.check_all_free()
+
+
+def test_preempted_request_keeps_its_outputs_and_replays_them():
+    s = make(budget=64, pages=3, max_model_len=24)
+    a, b = req("a", 8, max_tokens=12), req("b", 8, max_tokens=12)
+    s.add_request(a)
+    s.add_request(b)
+    seen_replay = False
+    while s.has_unfinished:
+        plan = s.schedule()
+        for r, n in plan.scheduled:
+            if r.request_id == "b" and r.num_preemptions and r.num_computed == 0:
+                assert n == min(r.num_tokens, 64)  # prompt + outputs so far, replayed
+                seen_replay = True
+        sampled = {r.request_id: 9 for r, n in plan.scheduled if plan.samples(r, n)}
+        s.update(plan, sampled)
+    assert seen_replay and b.output_token_ids == [9] * 12 and a.output_token_ids == [9] * 12
+
+
+def test_abort_frees_everything():
+    s = make()
+    a, b = req("a", 5), req("b", 5)
+    s.add_request(a)
+    s.add_request(b)
+    run_step(s)
+    s.abort(a)
+    s.abort(b)
+    assert a.finish_reason == "abort" and not s.has_unfinished
+    s.check_all_free()
+
+
+def test_bad_requests_are_refused():
+    s = make(max_model_len=10)
+    with pytest.raises(ValueError, match="the prompt is empty"):
+        s.add_request(req("e", 0))
+    with pytest.raises(ValueError, match="prompt of 10 tokens leaves no room to generate within max_model_len 10"):
+        s.add_request(req("l", 10))
+
+
+@pytest.mark.parametrize(
+    "kw, text",
+    [
+        ({"temperature": -1}, "temperature must be a number >= 0"),
+        ({"top_p": 0}, r"top_p must be in \(0, 1\]"),
+        ({"top_k": -5}, "top_k must be -1"),
+        ({"max_tokens": 0}, "max_tokens must be a positive integer"),
+        ({"seed": -1}, "seed must be an integer"),
+        ({"n": 2}, "n must be 1 for now"),
+        ({"stop_token_ids": [-3]}, "stop_token_ids must be non-negative"),
+    ],
+)
+def test_sampling_params_validation(kw, text):
+    with pytest.raises(ValueError, match=text):
+        SamplingParams(**kw)
+
+
+def test_allocators():
+    pool = PageAllocator("csa", 4)
+    pages = pool.allocate(3)
+    assert pages == [0, 1, 2] and pool.num_free == 1
+    with pytest.raises(OutOfPages, match="2 pages wanted, 1 free"):
+        pool.allocate(2)
+    pool.share(1)
+    pool.free(pages)
+    assert pool.num_free == 3  # page 1 still held by its second owner
+    with pytest.raises(AssertionError, match=r"pages still held: \[1\]"):
+        pool.check_all_free()
+    pool.free([1])
+    pool.check_all_free()
+    with pytest.raises(ValueError, match="freed twice"):
+        pool.free([1])
+    slots = SlotAllocator(2)
+    assert slots.allocate() == 0 and slots.allocate() == 1 and slots.allocate() is None
+    slots.free(0)
+    with pytest.raises(ValueError, match="freed twice"):
+        slots.free(0)
+
+
+def test_pack_layout():
+    s = make(budget=16)
+    s.add_request(req("a", 5, temperature=0.5, top_k=3, seed=11))
+    run_step(s)
+    s.add_request(req("b", 6, seed=12))
+    plan = s.schedule()
+    shape = PlanShape(num_tokens=16, num_rows=4, max_pages=(8, 4))
+    ints, floats = pack(plan, s.config.pools, shape, num_slots=4, seeds={"a": 11, "b": 12})
+    t, r = 16, 4
+    tokens, positions, token_row, valid = ints[:t], ints[t : 2 * t], ints[2 * t : 3 * t], ints[3 * t : 4 * t]
+    assert tokens[:7].tolist() == [7, 2, 3, 4, 5, 6, 7] and valid.tolist() == [1] * 7 + [0] * 9
+    assert positions[:7].tolist() == [5, 0, 1, 2, 3, 4, 5] and token_row[:7].tolist() == [0, 1, 1, 1, 1, 1, 1]
+    rows = ints[4 * t : 4 * t + 7 * r].reshape(7, r)
+    slot, length, n_new, start, sample, seed, top_k = rows
+    assert slot.tolist() == [0, 1, 4, 4] and length[:2].tolist() == [5, 0] and n_new[:2].tolist() == [1, 6]
+    assert start[:2].tolist() == [0, 1] and sample[:2].tolist() == [1, 1] and seed[:2].tolist() == [11, 12]
+    assert top_k[:2].tolist() == [3, 0]
+    csa_table = ints[4 * t + 7 * r : 4 * t + 7 * r + 8 * r].reshape(r, 8)
+    assert csa_table[0, 0] == plan.scheduled[0][0].pages["csa"][0] and csa_table[2].tolist() == [32] * 8
+    np.testing.assert_allclose(floats, [0.5, 1.0, 0.0, 0.0, 1.0, 1.0, 1.0, 1.0])
