@@ -1,0 +1,91 @@
+"""Engine state on the device: per-request slots and paged pools of compressed rows.
+
+* Slot state (fixed size per request, indexed by slot): the window ring
+  ``window [S, keep, hd]`` of every layer, and for CSA / HCA layers the
+  compressor token rings ``compressor {kv, gate} [S, P, W]`` (CSA: also the
+  indexer's). Same layout as the contiguous decode state (decode_state.py),
+  with slots in place of batch rows.
+* Paged pools (growing with length, indexed by page): ``rows [pages, page_size, hd]``
+  per CSA / HCA layer and ``indexer.rows [pages, page_size, index_head_dim]`` per
+  CSA layer. All CSA layers share one block table ("csa"): main and indexer rows
+  grow in lockstep (one row per ratio tokens each), so one page id addresses
+  both; HCA layers share the "hca" table.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from deepinfer.config import CSA, HCA, ModelConfig
+
+POOL_OF_LAYER = {CSA: "csa", HCA: "hca"}
+
+
+@dataclass(frozen=True)
+class PagedLayout:
+    """Static sizes of the engine state (hashable: a static jit argument)."""
+
+    num_slots: int
+    page_size: int  # rows per page
+    num_pages: tuple[tuple[str, int], ...]  # (pool name, pages) for the pools this model has
+    max_backtrack: int = 12
+
+    def pages(self, pool: str) -> int:
+        return dict(self.num_pages)[pool]
+
+    def window_keep(self, cfg: ModelConfig) -> int:
+        return cfg.sliding_window + self.max_backtrack
+
+    def compressor_keep(self, cfg: ModelConfig, layer_type: str) -> int:
+        return (2 if layer_type == CSA else 1) * cfg.compress_ratio(layer_type) + self.max_backtrack
+
+
+def pools_of(cfg: ModelConfig) -> tuple[str, ...]:
+    """The pools a model needs, in a fixed order."""
+    return tuple(name for t, name in ((CSA, "csa"), (HCA, "hca")) if t in cfg.layer_types)
+
+
+def _compressor(layout: PagedLayout, cfg: ModelConfig, layer_type: str, head_dim: int, dtype) -> dict:
+    width = (2 if layer_type == CSA else 1) * head_dim
+    keep = layout.compressor_keep(cfg, layer_type)
+    s = layout.num_slots
+    pages = layout.pages(POOL_OF_LAYER[layer_type])
+    return {
+        "compressor": {"kv": jnp.zeros((s, keep, width), dtype), "gate": jnp.zeros((s, keep, width), jnp.float32)},
+        "rows": jnp.zeros((pages, layout.page_size, head_dim), dtype),
+    }
+
+
+def init_paged_state(cfg: ModelConfig, layout: PagedLayout, dtype=jnp.float32) -> list[dict]:
+    layers = []
+    for t in cfg.layer_types:
+        st: dict = {"window": jnp.zeros((layout.num_slots, layout.window_keep(cfg), cfg.head_dim), dtype)}
+        if t in (CSA, HCA):
+            st.update(_compressor(layout, cfg, t, cfg.head_dim, dtype))
+        if t == CSA:
+            st["indexer"] = _compressor(layout, cfg, t, cfg.index_head_dim, dtype)
+        layers.append(st)
+    return layers
+
+
+def bytes_per_page(cfg: ModelConfig, pool: str, page_size: int, dtype) -> int:
+    """Device bytes one page of a pool costs across all layers using it."""
+    item = jnp.dtype(dtype).itemsize
+    layer_type = CSA if pool == "csa" else HCA
+    per_row = cfg.head_dim + (cfg.index_head_dim if layer_type == CSA else 0)
+    return sum(page_size * per_row * item for t in cfg.layer_types if t == layer_type)
+
+
+def bytes_per_slot(cfg: ModelConfig, layout: PagedLayout, dtype) -> int:
+    one = PagedLayout(1, layout.page_size, tuple((n, 1) for n, _ in layout.num_pages), layout.max_backtrack)
+    shapes = jax.eval_shape(lambda: init_paged_state(cfg, one, dtype))
+    total = 0
+    for layer in shapes:
+        for path, leaf in jax.tree_util.tree_flatten_with_path(layer)[0]:
+            if "rows" not in jax.tree_util.keystr(path):
+                total += int(np.prod(leaf.shape)) * leaf.dtype.itemsize
+    return total
