@@ -5,7 +5,7 @@
 scheduler) can import the package without importing JAX.
 """
 
-__all__ = ["generate", "GenerateOutput", "ModelConfig"]
+__all__ = ["generate", "GenerateOutput", "ModelConfig", "LLM", "SamplingParams"]
 
 
 def __getattr__(name):
@@ -13,6 +13,14 @@ def __getattr__(name):
         from deepinfer.runtime import generate as module
 
         return getattr(module, name)
+    if name == "LLM":
+        from deepinfer.llm import LLM
+
+        return LLM
+    if name == "SamplingParams":
+        from deepinfer.engine.sampling_params import SamplingParams
+
+        return SamplingParams
     if name == "ModelConfig":
         from deepinfer.config import ModelConfig
 

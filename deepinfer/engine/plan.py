@@ -82,7 +82,7 @@ def pack(
         row["n_new"][i] = n
         row["start"][i] = offset
         row["sample"][i] = int(plan.samples(req, n))
-        row["seed"][i] = seeds[req.request_id]
+        row["seed"][i] = np.array(seeds[req.request_id], np.uint32).view(np.int32)  # bits kept; device reads uint32
         row["top_k"][i] = max(sp.top_k, 0)
         flo["temperature"][i] = sp.temperature
         flo["top_p"][i] = sp.top_p

@@ -36,6 +36,7 @@ class Request:
     pages: dict[str, list[int]] = field(default_factory=dict)
     finish_reason: str | None = None
     num_preemptions: int = 0
+    logits: list = field(default_factory=list)  # per generated token, only when the engine keeps them
 
     @property
     def all_token_ids(self) -> list[int]:

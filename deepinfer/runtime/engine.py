@@ -1,0 +1,221 @@
+"""LLMEngine: the host scheduler driving the jitted paged step, one step at a time.
+
+    engine = LLMEngine(cfg, params, EngineConfig(max_num_seqs=16, kv_memory_bytes=2**28))
+    engine.add_request([1, 2, 3], SamplingParams(max_tokens=32))
+    while engine.has_unfinished: finished = engine.step()
+
+Pools are sized from a memory budget (``kv_memory_bytes``), logged at start as a
+capacity in tokens and requests. Token and request counts are padded to buckets;
+``warmup()`` compiles every bucket pair so nothing compiles while serving.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+from dataclasses import dataclass, field
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from deepinfer.config import CSA, HCA, ModelConfig
+from deepinfer.engine.plan import PlanShape, pack, pick_bucket
+from deepinfer.engine.request import Request
+from deepinfer.engine.sampling_params import SamplingParams
+from deepinfer.engine.scheduler import PoolSpec, Scheduler, SchedulerConfig, StepPlan
+from deepinfer.kv.paged_state import PagedLayout, bytes_per_page, bytes_per_slot, init_paged_state, pools_of
+from deepinfer.runtime.compile_guard import CompileCounter
+from deepinfer.runtime.paged_step import paged_step_jit
+
+log = logging.getLogger("deepinfer.engine")
+
+
+def _powers_of_two(lo: int, hi: int) -> tuple[int, ...]:
+    out, b = [], lo
+    while b < hi:
+        out.append(b)
+        b *= 2
+    return tuple(out + [hi])
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    max_num_seqs: int = 16
+    max_num_batched_tokens: int = 256
+    max_model_len: int = 1024
+    page_size: int = 16  # compressed rows per page
+    kv_memory_bytes: int | None = None  # None: room for max_num_seqs requests of max_model_len
+    num_pages: tuple[tuple[str, int], ...] | None = None  # exact pages per pool (overrides the budget)
+    token_buckets: tuple[int, ...] | None = None
+    row_buckets: tuple[int, ...] | None = None
+    max_backtrack: int = 12
+    keep_logits: bool = False  # keep each generated token's logits on the request (tests, debugging)
+
+    def buckets(self) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        tokens = self.token_buckets or _powers_of_two(min(16, self.max_num_batched_tokens), self.max_num_batched_tokens)
+        rows = self.row_buckets or _powers_of_two(min(4, self.max_num_seqs), self.max_num_seqs)
+        if tokens[-1] < self.max_num_batched_tokens or rows[-1] < self.max_num_seqs:
+            raise ValueError("the largest buckets must cover max_num_batched_tokens and max_num_seqs")
+        return tokens, rows
+
+
+@dataclass
+class Capacity:
+    num_slots: int
+    pools: tuple[PoolSpec, ...]
+    bytes_total: int
+    tokens: int  # tokens of context the pools can hold in all
+    requests_at_max_len: int
+    notes: list[str] = field(default_factory=list)
+
+
+def size_pools(cfg: ModelConfig, ec: EngineConfig, dtype) -> Capacity:
+    """Pages per pool from the memory budget (or explicit counts)."""
+    names = pools_of(cfg)
+    ratio = {"csa": cfg.compress_ratio(CSA), "hca": cfg.compress_ratio(HCA)}
+    per_req_pages = {n: -(-(ec.max_model_len // ratio[n]) // ec.page_size) for n in names}
+    layout_probe = PagedLayout(ec.max_num_seqs, ec.page_size, tuple((n, 1) for n in names), ec.max_backtrack)
+    slot_bytes = bytes_per_slot(cfg, layout_probe, dtype) * ec.max_num_seqs
+    page_bytes = {n: bytes_per_page(cfg, n, ec.page_size, dtype) for n in names}
+    if ec.num_pages is not None:
+        pages = dict(ec.num_pages)
+        missing = set(names) - set(pages)
+        if missing:
+            raise ValueError(f"num_pages lacks pools {sorted(missing)}")
+    else:
+        per_req_bytes = sum(per_req_pages[n] * page_bytes[n] for n in names)
+        budget = ec.kv_memory_bytes
+        if budget is None:
+            budget = slot_bytes + per_req_bytes * ec.max_num_seqs
+        room = budget - slot_bytes
+        n_req = room // per_req_bytes if per_req_bytes else ec.max_num_seqs
+        if names and n_req < 1:
+            raise ValueError(
+                f"kv_memory_bytes={budget} cannot hold the slots ({slot_bytes} B) and one request of "
+                f"max_model_len {ec.max_model_len} ({per_req_bytes} B)"
+            )
+        pages = {n: max(1, int(n_req) * per_req_pages[n]) for n in names}
+    specs = tuple(PoolSpec(n, ratio[n], ec.page_size, pages[n]) for n in names)
+    tokens = min((s.num_pages * s.page_size * s.ratio for s in specs), default=ec.max_num_seqs * ec.max_model_len)
+    per_req = min((s.num_pages // per_req_pages[s.name] for s in specs), default=ec.max_num_seqs)
+    total = slot_bytes + sum(s.num_pages * page_bytes[s.name] for s in specs)
+    return Capacity(ec.max_num_seqs, specs, total, tokens, min(per_req, ec.max_num_seqs))
+
+
+class LLMEngine:
+    def __init__(self, cfg: ModelConfig, params: dict, config: EngineConfig = EngineConfig()):
+        self.cfg, self.params, self.config = cfg, params, config
+        self.dtype = jnp.dtype(params["embed"].dtype)
+        self.capacity = size_pools(cfg, config, self.dtype)
+        self.pools = self.capacity.pools
+        self.layout = PagedLayout(
+            config.max_num_seqs, config.page_size, tuple((p.name, p.num_pages) for p in self.pools), config.max_backtrack
+        )
+        self.scheduler = Scheduler(
+            SchedulerConfig(
+                max_num_seqs=config.max_num_seqs,
+                max_num_batched_tokens=config.max_num_batched_tokens,
+                max_model_len=config.max_model_len,
+                num_slots=config.max_num_seqs,
+                pools=self.pools,
+                eos_token_ids=cfg.eos_token_ids,
+            )
+        )
+        self.token_buckets, self.row_buckets = config.buckets()
+        self.max_pages = tuple(-(-(config.max_model_len // p.ratio) // p.page_size) for p in self.pools)
+        self.state = init_paged_state(cfg, self.layout, self.dtype)
+        self.compiled_shapes: set[PlanShape] = set()
+        self.num_compiles = 0
+        self._seeds: dict[str, int] = {}
+        self._ids = itertools.count()
+        self.num_steps = 0
+        c = self.capacity
+        log.info(
+            "KV capacity: %d tokens, %d requests of max_model_len %d; %d slots; pools %s; %.1f MiB",
+            c.tokens, c.requests_at_max_len, config.max_model_len, c.num_slots,
+            ", ".join(f"{p.name}={p.num_pages} pages" for p in self.pools), c.bytes_total / 2**20,
+        )
+
+    # -- requests -----------------------------------------------------------------
+
+    def add_request(self, prompt_token_ids: list[int], sampling_params: SamplingParams | None = None, request_id: str | None = None) -> Request:
+        sp = sampling_params or SamplingParams()
+        ids = [int(t) for t in prompt_token_ids]
+        bad = [t for t in ids if not 0 <= t < self.cfg.vocab_size]
+        if bad:
+            raise ValueError(f"prompt token ids {bad[:8]} are outside the vocabulary (size {self.cfg.vocab_size})")
+        rid = request_id if request_id is not None else f"req-{next(self._ids)}"
+        if rid in self._seeds:
+            raise ValueError(f"request id {rid!r} is already in use")
+        req = Request(rid, ids, sp)
+        self.scheduler.add_request(req)
+        self._seeds[rid] = sp.resolved_seed()
+        req.seed = self._seeds[rid]
+        return req
+
+    def abort(self, req: Request) -> None:
+        self.scheduler.abort(req)
+        self._seeds.pop(req.request_id, None)
+
+    @property
+    def has_unfinished(self) -> bool:
+        return self.scheduler.has_unfinished
+
+    # -- stepping -----------------------------------------------------------------
+
+    def _shape_for(self, plan: StepPlan) -> PlanShape:
+        return PlanShape(
+            pick_bucket(max(plan.num_tokens, 1), self.token_buckets),
+            pick_bucket(max(len(plan.scheduled), 1), self.row_buckets),
+            self.max_pages,
+        )
+
+    def _run(self, plan: StepPlan, shape: PlanShape):
+        ints, floats = pack(plan, self.pools, shape, self.layout.num_slots, self._seeds)
+        with CompileCounter() as counter:
+            tokens, logits, self.state = paged_step_jit(
+                self.cfg, self.layout, shape, self.params, self.state, jnp.asarray(ints), jnp.asarray(floats)
+            )
+        self.num_compiles += counter.count
+        self.compiled_shapes.add(shape)
+        return tokens, logits
+
+    def step(self) -> list[Request]:
+        """Schedule, run one device step, record tokens. Returns the requests that finished."""
+        plan = self.scheduler.schedule()
+        if not plan.scheduled:
+            if self.scheduler.has_unfinished:
+                raise RuntimeError("scheduler made no progress: a request cannot fit the KV pools")
+            return []
+        tokens, logits = self._run(plan, self._shape_for(plan))
+        tokens = np.asarray(tokens)
+        sampled = {}
+        kept = np.asarray(logits) if self.config.keep_logits else None
+        for i, (req, n) in enumerate(plan.scheduled):
+            if plan.samples(req, n):
+                sampled[req.request_id] = int(tokens[i])
+                if kept is not None:
+                    req.logits.append(kept[i])
+        finished = self.scheduler.update(plan, sampled)
+        for req in finished:
+            self._seeds.pop(req.request_id, None)
+        self.num_steps += 1
+        return finished
+
+    def warmup(self) -> int:
+        """Compile the step for every (token bucket, row bucket) pair. Returns the number of programs."""
+        for t in self.token_buckets:
+            for r in self.row_buckets:
+                if r <= t:
+                    self._run(StepPlan(), PlanShape(t, r, self.max_pages))
+        return len(self.compiled_shapes)
+
+    def run_until_done(self, progress=None) -> None:
+        while self.has_unfinished:
+            done = self.step()
+            if progress is not None and done:
+                progress(len(done))
+
+    def check_all_free(self) -> None:
+        self.scheduler.check_all_free()

@@ -1,0 +1,187 @@
+"""The engine: continuous batching with chunked prefill equals each request run alone; preemption;
+allocator invariants; no compiles after warm-up; the offline LLM API."""
+
+import json
+
+import jax
+import numpy as np
+import pytest
+
+import deepinfer
+from deepinfer import LLM, SamplingParams
+from deepinfer.models.deepseek_v4 import forward
+from deepinfer.runtime.compile_guard import CompileCounter
+from deepinfer.runtime.engine import EngineConfig, LLMEngine
+from tests.reference import load_case
+
+TOLERANCE = 1e-4
+ENGINE_KW = dict(max_num_seqs=8, max_model_len=96, page_size=4, token_buckets=(8, 32), row_buckets=(8,))
+PROMPT_LENS = [1, 2, 5, 9, 17, 23, 31, 40, 47, 60]
+MAX_TOKENS = [4, 12, 7, 12, 5, 9, 12, 3, 10, 8]
+
+
+def workload(vocab, seed=0):
+    rng = np.random.default_rng(seed)
+    return [rng.integers(0, vocab, n).tolist() for n in PROMPT_LENS]
+
+
+def drain(engine, prompts, params_for, arrive_per_step=2, first=4):
+    """Add `first` requests, then `arrive_per_step` more after every step; run to the end."""
+    reqs, pending = [], list(range(len(prompts)))
+    for _ in range(first):
+        i = pending.pop(0)
+        reqs.append(engine.add_request(prompts[i], params_for(i), request_id=f"r{i}"))
+    while engine.has_unfinished or pending:
+        engine.step()
+        for _ in range(arrive_per_step):
+            if pending:
+                i = pending.pop(0)
+                reqs.append(engine.add_request(prompts[i], params_for(i), request_id=f"r{i}"))
+    engine.check_all_free()  # the allocator invariant, after every engine workload
+    return {r.request_id: r for r in reqs}
+
+
+def alone(case, prompt, max_tokens, **sampling):
+    """The request run alone through the incremental-decoding path (fixed shapes: one compile)."""
+    arr = np.zeros((1, 64), np.int32)
+    arr[0, : len(prompt)] = prompt
+    out = deepinfer.generate(case.cfg, case.params, arr, [len(prompt)], max_new_tokens=12, max_tokens=max_tokens, max_len=96, **sampling)
+    toks = np.asarray(out.tokens[0])
+    return toks[toks >= 0].tolist()
+
+
+@pytest.fixture(scope="module")
+def reference_streams():
+    case = load_case("mixed")
+    prompts = workload(case.cfg.vocab_size)
+    return prompts, [alone(case, p, m) for p, m in zip(prompts, MAX_TOKENS)]
+
+
+@pytest.mark.parametrize("budget", [8, 13, 32])
+def test_engine_equals_each_request_alone(budget, reference_streams):
+    case = load_case("mixed")
+    prompts, expected = reference_streams
+    engine = LLMEngine(case.cfg, case.params, EngineConfig(max_num_batched_tokens=budget, keep_logits=True, **ENGINE_KW))
+    reqs = drain(engine, prompts, lambda i: SamplingParams(temperature=0, max_tokens=MAX_TOKENS[i]))
+    fwd = jax.jit(forward, static_argnums=0)
+    for i, prompt in enumerate(prompts):
+        req = reqs[f"r{i}"]
+        assert req.output_token_ids == expected[i], (i, req.output_token_ids, expected[i])
+        # logits of every generated token against the whole-sequence forward
+        seq = np.zeros((1, 96), np.int32)
+        full = prompt + req.output_token_ids
+        seq[0, : len(full)] = full
+        ref = np.asarray(fwd(case.cfg, case.params, seq))[0, len(prompt) - 1 : len(full) - 1]
+        got = np.stack(req.logits)
+        assert np.max(np.abs(got - ref)) <= TOLERANCE * np.max(np.abs(ref)), i
+
+
+def test_preemption_keeps_outputs_exact(reference_streams):
+    case = load_case("mixed")
+    prompts, expected = reference_streams
+    small = EngineConfig(max_num_batched_tokens=32, num_pages=(("csa", 6), ("hca", 3)), **ENGINE_KW)
+    engine = LLMEngine(case.cfg, case.params, small)
+    reqs = drain(engine, prompts, lambda i: SamplingParams(temperature=0, max_tokens=MAX_TOKENS[i]), first=8)
+    assert engine.scheduler.num_preemptions > 0
+    assert any(r.num_preemptions for r in reqs.values())
+    for i in range(len(prompts)):
+        assert reqs[f"r{i}"].output_token_ids == expected[i], i
+
+    # seeded sampling too: the same tokens with and without preemption
+    def sampled(i):
+        return SamplingParams(temperature=1.0, top_p=0.9, seed=100 + i, max_tokens=MAX_TOKENS[i])
+
+    roomy = drain(LLMEngine(case.cfg, case.params, EngineConfig(max_num_batched_tokens=32, **ENGINE_KW)), prompts, sampled)
+    tight_engine = LLMEngine(case.cfg, case.params, small)
+    tight = drain(tight_engine, prompts, sampled, first=8)
+    assert tight_engine.scheduler.num_preemptions > 0
+    for rid, req in roomy.items():
+        assert tight[rid].output_token_ids == req.output_token_ids, rid
+    # and equal to the jitted generate() with the same seed: sampling depends on (seed, position) only
+    assert roomy["r3"].output_token_ids == alone(case, prompts[3], MAX_TOKENS[3], temperature=1.0, top_p=0.9, seeds=103)
+
+
+def test_nothing_compiles_after_warmup():
+    case = load_case("mixed")
+    engine = LLMEngine(case.cfg, case.params, EngineConfig(max_num_batched_tokens=32, **ENGINE_KW))
+    programs = engine.warmup()
+    assert programs == 2  # token buckets (8, 32) x row bucket 8
+    before = engine.num_compiles
+    with CompileCounter() as counter:
+        drain(engine, workload(case.cfg.vocab_size, seed=4), lambda i: SamplingParams(temperature=0.7, seed=i, max_tokens=MAX_TOKENS[i]))
+    assert counter.count == 0 and engine.num_compiles == before
+    assert len(engine.compiled_shapes) == programs
+
+
+def test_compile_counter_sees_compiles():
+    with CompileCounter() as counter:
+        jax.jit(lambda x: x * 3 + 1)(np.arange(7.0))
+    assert counter.count >= 1
+
+
+def test_capacity_from_memory_budget(caplog):
+    case = load_case("mixed")
+    small = LLMEngine(case.cfg, case.params, EngineConfig(max_num_batched_tokens=32, kv_memory_bytes=215_000, **ENGINE_KW))
+    big = LLMEngine(case.cfg, case.params, EngineConfig(max_num_batched_tokens=32, kv_memory_bytes=400_000, **ENGINE_KW))
+    assert 0 < small.capacity.tokens < big.capacity.tokens
+    assert small.capacity.bytes_total <= 215_000 and big.capacity.bytes_total <= 400_000
+    with pytest.raises(ValueError, match="cannot hold the slots"):
+        LLMEngine(case.cfg, case.params, EngineConfig(max_num_batched_tokens=32, kv_memory_bytes=1000, **ENGINE_KW))
+
+
+def test_engine_rejects_bad_requests_and_keeps_serving():
+    case = load_case("mixed")
+    engine = LLMEngine(case.cfg, case.params, EngineConfig(max_num_batched_tokens=32, **ENGINE_KW))
+    with pytest.raises(ValueError, match=r"prompt token ids \[500\] are outside the vocabulary \(size 96\)"):
+        engine.add_request([1, 500])
+    with pytest.raises(ValueError, match="leaves no room to generate within max_model_len 96"):
+        engine.add_request(list(range(96)))
+    ok = engine.add_request([3, 4, 5], SamplingParams(temperature=0, max_tokens=3))
+    engine.run_until_done()
+    assert len(ok.output_token_ids) == 3
+    engine.check_all_free()
+
+
+@pytest.fixture(scope="module")
+def checkpoint_with_tokenizer(tmp_path_factory):
+    from tokenizers import Tokenizer, models, pre_tokenizers, decoders
+
+    case = load_case("mixed")
+    path = tmp_path_factory.mktemp("llm_ckpt")
+    case.model.save_pretrained(path)
+    vocab = {f"w{i}": i for i in range(96)}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="w0"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.decoder = decoders.WordPiece(prefix="##")  # joins words with spaces
+    tok.save(str(path / "tokenizer.json"))
+    return path
+
+
+def test_llm_offline_api(checkpoint_with_tokenizer, reference_streams):
+    prompts, expected = reference_streams
+    llm = LLM(str(checkpoint_with_tokenizer), max_num_batched_tokens=32, **ENGINE_KW)
+    outs = llm.generate(
+        [{"prompt_token_ids": p} for p in prompts[:4]] + ["w5 w17 w3"],
+        [SamplingParams(temperature=0, max_tokens=MAX_TOKENS[i]) for i in range(4)] + [SamplingParams(temperature=0, max_tokens=4)],
+    )
+    for i in range(4):
+        assert outs[i].outputs[0].token_ids == expected[i]
+        assert outs[i].outputs[0].finish_reason in ("length", "stop")
+    text_out = outs[4]
+    assert text_out.prompt == "w5 w17 w3" and text_out.prompt_token_ids == [5, 17, 3]
+    ids = text_out.outputs[0].token_ids
+    assert text_out.outputs[0].text == " ".join(f"w{t}" for t in ids)
+    llm.engine.check_all_free()
+
+
+def test_llm_bad_prompts(tmp_path):
+    case = load_case("mixed")
+    case.model.save_pretrained(tmp_path)
+    llm = LLM(str(tmp_path), warmup=False, max_num_batched_tokens=32, **ENGINE_KW)
+    with pytest.raises(ValueError, match=r"no tokenizer \(tokenizer.json\): pass \{'prompt_token_ids'"):
+        llm.generate("hello")
+    with pytest.raises(ValueError, match="a dict prompt needs 'prompt_token_ids'"):
+        llm.generate({"prompt": [1]})
+    with pytest.raises(ValueError, match="outside the vocabulary"):
+        llm.generate([{"prompt_token_ids": [1, 2]}, {"prompt_token_ids": [999]}])
+    llm.engine.check_all_free()  # the good prompt before the bad one was not left behind
