@@ -3,8 +3,7 @@
 Until the server lands (`python -m deepinfer.serve`), this is the end-to-end job:
 load a checkpoint directory (config.json + safetensors, transformers or official
 naming) or build a random model from a config file, then greedily extend a
-token prompt. There is no KV cache yet: every new token re-runs the whole
-sequence, so use it on small models.
+token prompt through the engine (paged KV state, chunked prefill).
 """
 
 from __future__ import annotations
@@ -22,7 +21,7 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m deepinfer", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default=DEFAULT_MODEL, help="checkpoint directory, or a config.json for random weights (default: %(default)s)")
     p.add_argument("--prompt-ids", default="1,2,3,4,5", help="comma-separated prompt token ids (default: %(default)s)")
-    p.add_argument("--new-tokens", type=int, default=8, help="greedy tokens to generate (default: %(default)s)")
+    p.add_argument("--new-tokens", type=int, default=8, help="greedy tokens to generate, >= 1 (default: %(default)s)")
     p.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
     p.add_argument("--seed", type=int, default=0, help="seed for random weights (config input only)")
     return p.parse_args(argv)
@@ -31,13 +30,13 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = _parse_args(argv)
     import jax
-    import jax.numpy as jnp
-    import numpy as np
 
     from deepinfer.config import ConfigError, ModelConfig
-    from deepinfer.models.deepseek_v4 import forward, model_spec
+    from deepinfer.engine.sampling_params import SamplingParams
+    from deepinfer.models.deepseek_v4 import model_spec
     from deepinfer.models.deepseek_v4.loader import CheckpointError, load_checkpoint
     from deepinfer.params import count_params, init_params
+    from deepinfer.runtime.engine import EngineConfig, LLMEngine
 
     try:
         prompt = [int(t) for t in args.prompt_ids.split(",") if t.strip()]
@@ -46,6 +45,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if not prompt:
         print("error: --prompt-ids is empty", file=sys.stderr)
+        return 2
+    if args.new_tokens < 1:
+        print(f"error: --new-tokens must be >= 1, got {args.new_tokens}", file=sys.stderr)
         return 2
     start = time.perf_counter()
     try:
@@ -73,22 +75,19 @@ def main(argv: list[str] | None = None) -> int:
     print(f"parameters: {n_params:,} ({args.dtype}); layers: {', '.join(cfg.layer_types)}")
     print(f"loaded in {time.perf_counter() - start:.2f} s on {jax.devices()[0].platform}")
 
-    # One fixed length for every step (one compile): attention is causal, so the
-    # padding after the current position does not change its logits.
-    total = len(prompt) + args.new_tokens
-    step = jax.jit(lambda p, t, pos: jnp.argmax(forward(cfg, p, t)[0, pos]))
-    tokens = np.zeros((1, total), np.int32)
-    tokens[0, : len(prompt)] = prompt
-    timings = []
-    for pos in range(len(prompt) - 1, total - 1):
-        t0 = time.perf_counter()
-        tokens[0, pos + 1] = int(step(params, jnp.asarray(tokens), pos))
-        timings.append(time.perf_counter() - t0)
+    # Through the engine: paged KV state, chunked prefill, the jitted ragged step.
+    engine = LLMEngine(cfg, params, EngineConfig(
+        max_num_seqs=1, max_num_batched_tokens=64, max_model_len=len(prompt) + args.new_tokens + 1,
+        token_buckets=(1, 64), row_buckets=(1,),
+    ))
+    t0 = time.perf_counter()
+    req = engine.add_request(prompt, SamplingParams(temperature=0, max_tokens=args.new_tokens, ignore_eos=True))
+    engine.run_until_done()
+    elapsed = time.perf_counter() - t0
     print(f"prompt ids: {prompt}")
-    steady = f", then {1000 * float(np.median(timings[1:])):.1f} ms/token" if len(timings) > 1 else ""
-    print(f"greedy continuation: {tokens[0, len(prompt):].tolist()}")
-    if timings:
-        print(f"first step {timings[0]:.2f} s (includes compilation){steady} (whole-sequence recompute, no cache yet)")
+    print(f"greedy continuation: {req.output_token_ids}")
+    print(f"{len(req.output_token_ids)} tokens in {elapsed:.2f} s through the engine "
+          f"({engine.num_steps} steps, {len(engine.compiled_shapes)} compiled programs, compile time included)")
     return 0
 
 

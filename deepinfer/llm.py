@@ -112,8 +112,15 @@ class LLM:
             sampling_params = [sampling_params or SamplingParams()] * len(prompts)
         if len(sampling_params) != len(prompts):
             raise ValueError(f"{len(sampling_params)} sampling params for {len(prompts)} prompts")
-        encoded = [self._encode(p) for p in prompts]  # every prompt checked before any runs
-        reqs = [self.engine.add_request(ids, sp) for (_, ids), sp in zip(encoded, sampling_params)]
+        encoded = [self._encode(p) for p in prompts]
+        reqs = []
+        try:  # every prompt is checked before any runs: a bad one leaves nothing behind
+            for (_, ids), sp in zip(encoded, sampling_params):
+                reqs.append(self.engine.add_request(ids, sp))
+        except Exception:
+            for r in reqs:
+                self.engine.abort(r)
+            raise
         bar = None
         if use_tqdm and len(reqs) > 1:
             from tqdm.auto import tqdm

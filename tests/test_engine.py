@@ -184,4 +184,5 @@ def test_llm_bad_prompts(tmp_path):
         llm.generate({"prompt": [1]})
     with pytest.raises(ValueError, match="outside the vocabulary"):
         llm.generate([{"prompt_token_ids": [1, 2]}, {"prompt_token_ids": [999]}])
-    llm.engine.check_all_free()  # the good prompt before the bad one was not left behind
+    assert not llm.engine.has_unfinished  # the good prompt before the bad one was not left behind
+    llm.engine.check_all_free()

@@ -74,7 +74,7 @@ def size_pools(cfg: ModelConfig, ec: EngineConfig, dtype) -> Capacity:
     """Pages per pool from the memory budget (or explicit counts)."""
     names = pools_of(cfg)
     ratio = {"csa": cfg.compress_ratio(CSA), "hca": cfg.compress_ratio(HCA)}
-    per_req_pages = {n: -(-(ec.max_model_len // ratio[n]) // ec.page_size) for n in names}
+    per_req_pages = {n: max(1, -(-(ec.max_model_len // ratio[n]) // ec.page_size)) for n in names}
     layout_probe = PagedLayout(ec.max_num_seqs, ec.page_size, tuple((n, 1) for n in names), ec.max_backtrack)
     slot_bytes = bytes_per_slot(cfg, layout_probe, dtype) * ec.max_num_seqs
     page_bytes = {n: bytes_per_page(cfg, n, ec.page_size, dtype) for n in names}
