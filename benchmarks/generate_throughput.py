@@ -26,19 +26,13 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 import deepinfer  # noqa: E402
+from benchmarks.timing import best_time  # noqa: E402
 from deepinfer.config import ModelConfig  # noqa: E402
 from deepinfer.models.deepseek_v4 import model_spec  # noqa: E402
 from deepinfer.models.deepseek_v4.loader import load_checkpoint  # noqa: E402
 from deepinfer.params import count_params, init_params  # noqa: E402
 
 
-def best_time(fn, repeats: int = 3) -> float:
-    times = []
-    for _ in range(repeats):
-        t = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t)
-    return min(times)
 
 
 def deepinfer_rate(cfg, params, batch, prompt_len, new_tokens) -> float:

@@ -28,6 +28,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 import deepinfer  # noqa: E402
+from benchmarks.timing import best_time  # noqa: E402
 from deepinfer.config import ModelConfig  # noqa: E402
 from deepinfer.engine.sampling_params import SamplingParams  # noqa: E402
 from deepinfer.models.deepseek_v4 import model_spec  # noqa: E402
@@ -63,13 +64,6 @@ def offline(cfg, params, args) -> dict:
     }
 
 
-def best(fn, repeats=3):
-    out = []
-    for _ in range(repeats):
-        t = time.perf_counter()
-        fn()
-        out.append(time.perf_counter() - t)
-    return min(out)
 
 
 def loop_efficiency(cfg, params, args) -> dict:
@@ -89,8 +83,8 @@ def loop_efficiency(cfg, params, args) -> dict:
         jax.block_until_ready(deepinfer.generate(cfg, params, prompts, max_new_tokens=k, eos_token_ids=()).tokens)
 
     run_fused(n), run_fused(1), run_engine(2)
-    e_rate = b * (n - 1) / max(best(lambda: run_engine(n)) - best(lambda: run_engine(1)), 1e-9)
-    g_rate = b * (n - 1) / max(best(lambda: run_fused(n)) - best(lambda: run_fused(1)), 1e-9)
+    e_rate = b * (n - 1) / max(best_time(lambda: run_engine(n)) - best_time(lambda: run_engine(1)), 1e-9)
+    g_rate = b * (n - 1) / max(best_time(lambda: run_fused(n)) - best_time(lambda: run_fused(1)), 1e-9)
     engine.check_all_free()
     return {"batch": b, "new_tokens": n, "engine_decode_tok_s": round(e_rate, 1), "generate_decode_tok_s": round(g_rate, 1),
             "ratio": round(e_rate / g_rate, 3)}

@@ -14,7 +14,7 @@ import jax.numpy as jnp
 
 from deepinfer.config import ModelConfig
 from deepinfer.kv.ring import gather_by_position, ring_write
-from deepinfer.models.deepseek_v4.compressor import finish_rows, pool_windows, project
+from deepinfer.models.deepseek_v4.compressor import project, rows_from_positions
 
 
 def extend_compressor(
@@ -45,20 +45,10 @@ def extend_compressor(
     first = lengths // ratio
     w = first[:, None] + jnp.arange(n_slots)[None, :]  # [B, M]
     closes = w < ((lengths + n_valid) // ratio)[:, None]
-    tok = w[..., None] * ratio + jnp.arange(ratio)  # [B, M, r] positions in window w
-    cur_kv = gather_by_position(ring["kv"], kv, lengths, tok)
-    cur_gate = gather_by_position(ring["gate"], gate, lengths, tok)
-    if overlap:
-        prev = tok - ratio
-        has_prev = (prev >= 0)[..., None]
-        prev_kv = gather_by_position(ring["kv"], kv, lengths, jnp.maximum(prev, 0))[..., :head_dim]
-        prev_gate = gather_by_position(ring["gate"], gate, lengths, jnp.maximum(prev, 0))[..., :head_dim]
-        window_kv = jnp.concatenate([jnp.where(has_prev, prev_kv, 0), cur_kv[..., head_dim:]], axis=-2)
-        window_gate = jnp.concatenate([jnp.where(has_prev, prev_gate, -jnp.inf), cur_gate[..., head_dim:]], axis=-2)
-    else:
-        window_kv, window_gate = cur_kv, cur_gate
-    pooled = pool_windows(window_kv, window_gate, head_dim, overlap=False)  # windows already assembled
-    rows = finish_rows(pooled, p["norm"], cfg.rms_norm_eps, cfg.compress_rope, cfg.qk_rope_head_dim, w * ratio)
+    inputs = {"kv": kv, "gate": gate}
+    rows = rows_from_positions(
+        cfg, p, lambda pos, k: gather_by_position(ring[k], inputs[k], lengths, pos), w, ratio, head_dim, overlap
+    )
 
     store = st["rows"]
     target = jnp.where(closes, w, store.shape[1])  # out of range: dropped

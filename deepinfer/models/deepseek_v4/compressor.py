@@ -16,6 +16,8 @@ A query at position t sees row w only when w's window is complete:
 
 from __future__ import annotations
 
+from typing import Callable
+
 import jax
 import jax.numpy as jnp
 
@@ -63,6 +65,29 @@ def finish_rows(
     rows = rms_norm(pooled, norm_w, eps)
     cos, sin = rope_angles(rope, rope_dim, positions)
     return apply_rope(rows, cos, sin)
+
+
+def rows_from_positions(
+    cfg: ModelConfig, p: dict, gather: Callable[[jax.Array, str], jax.Array], rows: jax.Array, ratio: int, head_dim: int, overlap: bool
+) -> jax.Array:
+    """Compressed rows ``rows`` [...] (row indices) from per-token compressor inputs looked up by position.
+
+    ``gather(positions, "kv" | "gate")`` returns the stored inputs of those token
+    positions ([..., r] -> [..., r, W]) wherever they live (a ring, the current
+    chunk). Windows are assembled as in pool_windows (CSA: Ca of the previous
+    window | Cb of this one), pooled, normed and roped. Returns [..., hd].
+    """
+    tok = rows[..., None] * ratio + jnp.arange(ratio)
+    cur_kv, cur_gate = gather(tok, "kv"), gather(tok, "gate")
+    if overlap:
+        prev = tok - ratio
+        has_prev = (prev >= 0)[..., None]
+        prev_kv = gather(jnp.maximum(prev, 0), "kv")[..., :head_dim]
+        prev_gate = gather(jnp.maximum(prev, 0), "gate")[..., :head_dim]
+        cur_kv = jnp.concatenate([jnp.where(has_prev, prev_kv, 0), cur_kv[..., head_dim:]], axis=-2)
+        cur_gate = jnp.concatenate([jnp.where(has_prev, prev_gate, -jnp.inf), cur_gate[..., head_dim:]], axis=-2)
+    pooled = pool_windows(cur_kv, cur_gate, head_dim, overlap=False)  # windows already assembled
+    return finish_rows(pooled, p["norm"], cfg.rms_norm_eps, cfg.compress_rope, cfg.qk_rope_head_dim, rows * ratio)
 
 
 def project(p: dict, x: jax.Array) -> tuple[jax.Array, jax.Array]:

@@ -20,7 +20,7 @@ from deepinfer.kv.paged_state import POOL_OF_LAYER
 from deepinfer.kv.ring import ring_positions
 from deepinfer.models.deepseek_v4 import indexer
 from deepinfer.models.deepseek_v4.attention import output_projection, query_and_kv, rope_for
-from deepinfer.models.deepseek_v4.compressor import finish_rows, pool_windows, project
+from deepinfer.models.deepseek_v4.compressor import project, rows_from_positions
 from deepinfer.models.deepseek_v4.rope import rope_angles
 
 
@@ -69,20 +69,9 @@ def paged_compressor(cfg, p, st, x, fb: FlatBatch, ratio, head_dim, overlap, pag
     ring = st["compressor"]
     closes = fb.valid & (jnp.mod(fb.positions + 1, ratio) == 0)
     w = (fb.positions + 1) // ratio - 1
-    tok = jnp.maximum(w, 0)[:, None] * ratio + jnp.arange(ratio)[None, :]  # [T, r]
-    cur_kv, cur_gate = _by_position(ring["kv"], kv, fb, tok), _by_position(ring["gate"], gate, fb, tok)
-    if overlap:
-        prev = tok - ratio
-        has_prev = (prev >= 0)[..., None]
-        prev_kv = _by_position(ring["kv"], kv, fb, jnp.maximum(prev, 0))[..., :head_dim]
-        prev_gate = _by_position(ring["gate"], gate, fb, jnp.maximum(prev, 0))[..., :head_dim]
-        win_kv = jnp.concatenate([jnp.where(has_prev, prev_kv, 0), cur_kv[..., head_dim:]], axis=-2)
-        win_gate = jnp.concatenate([jnp.where(has_prev, prev_gate, -jnp.inf), cur_gate[..., head_dim:]], axis=-2)
-    else:
-        win_kv, win_gate = cur_kv, cur_gate
-    rows = finish_rows(
-        pool_windows(win_kv, win_gate, head_dim, overlap=False), p["norm"], cfg.rms_norm_eps,
-        cfg.compress_rope, cfg.qk_rope_head_dim, jnp.maximum(w, 0) * ratio,
+    inputs = {"kv": kv, "gate": gate}
+    rows = rows_from_positions(
+        cfg, p, lambda pos, k: _by_position(ring[k], inputs[k], fb, pos), jnp.maximum(w, 0), ratio, head_dim, overlap
     )
     pool = st["rows"]
     page = jnp.take_along_axis(table, (jnp.maximum(w, 0) // page_size)[:, None], axis=1, mode="clip")[:, 0]
