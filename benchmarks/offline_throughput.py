@@ -7,9 +7,9 @@
    greedy, ignore_eos, run through LLMEngine after warm-up. Prints requests/s and
    output tokens/s.
 2. Loop efficiency: the same batch (--batch requests, prompt --prompt-len, N new
-   tokens) through the engine and through deepinfer.generate(); decode rate =
-   batch * (N - 1) / (T(N) - T(1)) for each, measured in this one run; prints the
-   ratio engine / generate.
+   tokens) through the engine (overlap on, then off) and through
+   deepinfer.generate(); decode rate = batch * (N - 1) / (T(N) - T(1)) for each,
+   measured in this one run; prints the ratio engine / generate.
 Prints a table and one JSON record. Random weights (configs/tiny_mixed.json, configs/mid.json).
 """
 
@@ -66,11 +66,11 @@ def offline(cfg, params, args) -> dict:
 
 
 
-def loop_efficiency(cfg, params, args) -> dict:
+def loop_efficiency(cfg, params, args, overlap: bool) -> dict:
     b, plen, n = args.batch, args.prompt_len, args.new_tokens
     prompts = np.random.default_rng(1).integers(2, cfg.vocab_size, (b, plen))
     ec = EngineConfig(max_num_seqs=b, max_num_batched_tokens=b * plen, max_model_len=plen + n + 1, page_size=16,
-                      token_buckets=(b, b * plen), row_buckets=(b,))
+                      token_buckets=(b, b * plen), row_buckets=(b,), overlap=overlap)
     engine = LLMEngine(cfg, params, ec)
     engine.warmup()
 
@@ -86,8 +86,8 @@ def loop_efficiency(cfg, params, args) -> dict:
     e_rate = b * (n - 1) / max(best_time(lambda: run_engine(n)) - best_time(lambda: run_engine(1)), 1e-9)
     g_rate = b * (n - 1) / max(best_time(lambda: run_fused(n)) - best_time(lambda: run_fused(1)), 1e-9)
     engine.check_all_free()
-    return {"batch": b, "new_tokens": n, "engine_decode_tok_s": round(e_rate, 1), "generate_decode_tok_s": round(g_rate, 1),
-            "ratio": round(e_rate / g_rate, 3)}
+    return {"batch": b, "new_tokens": n, "overlap": overlap, "engine_decode_tok_s": round(e_rate, 1),
+            "generate_decode_tok_s": round(g_rate, 1), "ratio": round(e_rate / g_rate, 3)}
 
 
 def main():
@@ -101,19 +101,26 @@ def main():
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--prompt-len", type=int, default=32)
     ap.add_argument("--new-tokens", type=int, default=32)
+    ap.add_argument("--skip-offline", action="store_true", help="only the loop-efficiency part")
     args = ap.parse_args()
     record = {"device": jax.devices()[0].device_kind, "results": []}
     for name in args.models.split(","):
         cfg = ModelConfig.from_json_file(os.path.join(ROOT, "configs", CONFIGS[name]))
         params = init_params(model_spec(cfg, include_mtp=False), jax.random.key(0))
-        off = offline(cfg, params, args)
-        eff = loop_efficiency(cfg, params, args)
-        record["results"].append({"model": name, "offline": off, "loop_efficiency": eff})
-        print(f"{name}: {off['requests']} requests ({off['prompt_tokens']} prompt + {off['output_tokens']} output tokens) "
-              f"in {off['seconds']} s: {off['requests_per_s']} req/s, {off['output_tokens_per_s']} output tok/s "
-              f"({off['steps']} steps, {off['programs']} programs, warm-up {off['warmup_s']} s)")
-        print(f"{name}: decode at batch {eff['batch']}: engine {eff['engine_decode_tok_s']} tok/s, "
-              f"fused generate() {eff['generate_decode_tok_s']} tok/s, ratio {eff['ratio']}", flush=True)
+        result = {"model": name}
+        if not args.skip_offline:
+            off = result["offline"] = offline(cfg, params, args)
+            print(f"{name}: {off['requests']} requests ({off['prompt_tokens']} prompt + {off['output_tokens']} output tokens) "
+                  f"in {off['seconds']} s: {off['requests_per_s']} req/s, {off['output_tokens_per_s']} output tok/s "
+                  f"({off['steps']} steps, {off['programs']} programs, warm-up {off['warmup_s']} s)", flush=True)
+        result["loop_efficiency"] = []
+        for overlap in (True, False):
+            eff = loop_efficiency(cfg, params, args, overlap)
+            result["loop_efficiency"].append(eff)
+            print(f"{name}: decode at batch {eff['batch']}, overlap {'on ' if overlap else 'off'}: engine "
+                  f"{eff['engine_decode_tok_s']} tok/s, fused generate() {eff['generate_decode_tok_s']} tok/s, "
+                  f"ratio {eff['ratio']}", flush=True)
+        record["results"].append(result)
     print(json.dumps(record))
 
 

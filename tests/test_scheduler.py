@@ -132,8 +132,9 @@ def test_preempted_request_keeps_its_outputs_and_replays_them():
     while s.has_unfinished:
         plan = s.schedule()
         for r, n in plan.scheduled:
-            if r.request_id == "b" and r.num_preemptions and r.num_computed == 0:
-                assert n == min(r.num_tokens, 64)  # prompt + outputs so far, replayed
+            if r.request_id == "b" and r.num_preemptions and plan.starts["b"] == 0:
+                assert n == r.num_tokens - 1  # prompt + outputs so far replayed (the last one is a new placeholder)
+                assert None not in r.output_token_ids[:-1]
                 seen_replay = True
         sampled = {r.request_id: 9 for r, n in plan.scheduled if plan.samples(r, n)}
         s.update(plan, sampled)

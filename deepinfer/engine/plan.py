@@ -5,7 +5,7 @@ shapes; block tables have a fixed [rows, max_pages] shape per pool. Padding
 tokens are marked invalid and padding rows point at out-of-range slots and pages
 (the device drops their writes). Layout of the int buffer, in order:
 
-    tokens[T] positions[T] token_row[T] valid[T]
+    tokens[T] (-1: read the slot's last sampled token on device) positions[T] token_row[T] valid[T]
     slot[R] length[R] n_new[R] start[R] sample[R] seed[R] top_k[R]
     block_table[pool][R, max_pages]   (one per pool, in PoolSpec order)
 
@@ -70,18 +70,22 @@ def pack(
     tok["token_row"][:] = r_cap - 1 if not plan.scheduled else len(plan.scheduled) - 1
     offset = 0
     for i, (req, n) in enumerate(plan.scheduled):
-        ids = req.all_token_ids[req.num_computed : req.num_computed + n]
+        start = plan.starts[req.request_id]
+        ids = req.all_token_ids[start : start + n]
+        if None in ids[:-1] or (ids[-1] is None and n != 1):
+            raise AssertionError(f"request {req.request_id}: unresolved tokens inside a chunk: {ids}")
         sl = slice(offset, offset + n)
-        tok["tokens"][sl] = ids
-        tok["positions"][sl] = np.arange(req.num_computed, req.num_computed + n)
+        # -1: the request's previous sampled token, still on the device (per-slot buffer)
+        tok["tokens"][sl] = [-1 if t is None else t for t in ids]
+        tok["positions"][sl] = np.arange(start, start + n)
         tok["token_row"][sl] = i
         tok["valid"][sl] = 1
         sp = req.sampling_params
         row["slot"][i] = req.slot
-        row["length"][i] = req.num_computed
+        row["length"][i] = start
         row["n_new"][i] = n
         row["start"][i] = offset
-        row["sample"][i] = int(plan.samples(req, n))
+        row["sample"][i] = int(plan.samples(req))
         row["seed"][i] = np.array(seeds[req.request_id], np.uint32).view(np.int32)  # bits kept; device reads uint32
         row["top_k"][i] = max(sp.top_k, 0)
         flo["temperature"][i] = sp.temperature

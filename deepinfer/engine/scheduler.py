@@ -13,6 +13,14 @@ Policy (continuous batching with chunked prefill):
    skipped, so a long prompt is not starved by short ones behind it; it is
    prefilled in chunks across steps.
 
+Accounting is optimistic, so the host can plan step N+1 while step N runs (the
+overlapped loop): scheduling a chunk commits it (``num_computed`` advances) and a
+row that samples appends a placeholder output (None) that :meth:`update` fills
+when the step's tokens arrive. Requests that hit ``max_tokens`` are known at
+scheduling time and are not scheduled again; a stop on EOS or a stop token is
+only known from the token, so the request may have run one extra step, whose
+placeholder is then dropped.
+
 Its output is a list of (request, number of new tokens); ``plan.py`` packs it
 into numpy arrays for the device. No JAX here.
 """
@@ -57,18 +65,33 @@ class SchedulerConfig:
 
 @dataclass
 class StepPlan:
-    """What one step runs: (request, new tokens) in order, and who was preempted."""
+    """What one step runs: (request, new tokens) in order, and who was preempted.
+
+    ``starts[id]``: the request's computed length before this step; ``outputs[id]``:
+    for rows that sample, the index of the placeholder output the step fills.
+    """
 
     scheduled: list[tuple[Request, int]] = field(default_factory=list)
     preempted: list[Request] = field(default_factory=list)
+    starts: dict[str, int] = field(default_factory=dict)
+    outputs: dict[str, int] = field(default_factory=dict)
 
     @property
     def num_tokens(self) -> int:
         return sum(n for _, n in self.scheduled)
 
-    def samples(self, req: Request, n: int) -> bool:
+    def samples(self, req: Request, n: int | None = None) -> bool:
         """Whether this step produces a new token for req (its chunk reaches the end of its known tokens)."""
-        return req.num_computed + n == req.num_tokens
+        return req.request_id in self.outputs
+
+    def add(self, req: Request, n: int) -> None:
+        """Schedule n tokens of req and commit them (optimistic accounting)."""
+        self.scheduled.append((req, n))
+        self.starts[req.request_id] = req.num_computed
+        req.num_computed += n
+        if req.num_computed == req.num_tokens:
+            self.outputs[req.request_id] = len(req.output_token_ids)
+            req.output_token_ids.append(None)  # placeholder until the step's token arrives
 
 
 class Scheduler:
@@ -121,10 +144,13 @@ class Scheduler:
         i = 0
         while i < len(self.running) and budget > 0:
             req = self.running[i]
+            if self._out_of_length(req):
+                i += 1  # its last token is still in flight; it finishes when that arrives
+                continue
             n = min(req.num_pending, budget)
             if not self._grow_or_preempt(req, n, plan):
                 continue  # req itself was preempted; the list shifted
-            plan.scheduled.append((req, n))
+            plan.add(req, n)
             budget -= n
             i += 1
         if plan.preempted:
@@ -139,22 +165,26 @@ class Scheduler:
             self.waiting.popleft()
             req.status = RequestStatus.RUNNING
             self.running.append(req)
-            plan.scheduled.append((req, n))
+            plan.add(req, n)
             budget -= n
         return plan
 
     def update(self, plan: StepPlan, sampled: dict[str, int]) -> list[Request]:
-        """Record a finished step: computed tokens advance; sampled tokens append. Returns newly finished."""
+        """Record a step's sampled tokens into their placeholders. Returns the requests that finished."""
         finished = []
-        for req, n in plan.scheduled:
-            makes_token = plan.samples(req, n)
-            req.num_computed += n
-            if not makes_token:
-                continue
-            req.output_token_ids.append(int(sampled[req.request_id]))
-            reason = self._finish_reason(req)
+        for req, _ in plan.scheduled:
+            rid = req.request_id
+            if req.is_finished or rid not in plan.outputs:
+                continue  # finished earlier (a late result of an extra step), or a mid-prompt chunk
+            index = plan.outputs[rid]
+            req.output_token_ids[index] = int(sampled[rid])
+            reason = self._finish_reason(req, index)
             if reason:
-                self.running.remove(req)
+                del req.output_token_ids[index + 1 :]  # placeholders of steps run past the stop
+                if req.status == RequestStatus.RUNNING:
+                    self.running.remove(req)
+                elif req.status == RequestStatus.WAITING:
+                    self.waiting.remove(req)  # preempted while its last token was in flight
                 self._release(req)
                 req.status, req.finish_reason = RequestStatus.FINISHED, reason
                 finished.append(req)
@@ -168,16 +198,24 @@ class Scheduler:
 
     # -- internals --------------------------------------------------------------
 
-    def _finish_reason(self, req: Request) -> str | None:
-        token = req.output_token_ids[-1]
+    def _finish_reason(self, req: Request, index: int) -> str | None:
+        """Why output ``index`` ends the request, if it does."""
+        token = req.output_token_ids[index]
         sp = req.sampling_params
         if token in sp.stop_token_ids or (not sp.ignore_eos and token in self.config.eos_token_ids):
             return "stop"
-        if sp.max_tokens is not None and len(req.output_token_ids) >= sp.max_tokens:
+        if sp.max_tokens is not None and index + 1 >= sp.max_tokens:
             return "length"
-        if req.num_tokens >= self.config.max_model_len:
+        if len(req.prompt_token_ids) + index + 1 >= self.config.max_model_len:
             return "length"
         return None
+
+    def _out_of_length(self, req: Request) -> bool:
+        """No further token is allowed: max_tokens or max_model_len reached (counting tokens in flight)."""
+        sp = req.sampling_params
+        return (sp.max_tokens is not None and len(req.output_token_ids) >= sp.max_tokens) or (
+            req.num_tokens >= self.config.max_model_len
+        )
 
     def _pages_missing(self, req: Request, n: int) -> dict[str, int]:
         end = req.num_computed + n

@@ -60,7 +60,13 @@ def _compressor(layout: PagedLayout, cfg: ModelConfig, layer_type: str, head_dim
     }
 
 
-def init_paged_state(cfg: ModelConfig, layout: PagedLayout, dtype=jnp.float32) -> list[dict]:
+def init_paged_state(cfg: ModelConfig, layout: PagedLayout, dtype=jnp.float32) -> dict:
+    """{"layers": per-layer slot rings and pools, "last_token": [slots] each slot's latest sampled token}.
+
+    ``last_token`` is what lets the host plan a step before it knows the previous
+    step's tokens: a plan token of -1 is read from here on the device. One entry
+    per slot (not a ring shared by batches), so a later step cannot overwrite it.
+    """
     layers = []
     for t in cfg.layer_types:
         st: dict = {"window": jnp.zeros((layout.num_slots, layout.window_keep(cfg), cfg.head_dim), dtype)}
@@ -69,7 +75,7 @@ def init_paged_state(cfg: ModelConfig, layout: PagedLayout, dtype=jnp.float32) -
         if t == CSA:
             st["indexer"] = _compressor(layout, cfg, t, cfg.index_head_dim, dtype)
         layers.append(st)
-    return layers
+    return {"layers": layers, "last_token": jnp.zeros((layout.num_slots,), jnp.int32)}
 
 
 def bytes_per_page(cfg: ModelConfig, pool: str, page_size: int, dtype) -> int:
@@ -83,8 +89,8 @@ def bytes_per_page(cfg: ModelConfig, pool: str, page_size: int, dtype) -> int:
 def bytes_per_slot(cfg: ModelConfig, layout: PagedLayout, dtype) -> int:
     one = PagedLayout(1, layout.page_size, tuple((n, 1) for n, _ in layout.num_pages), layout.max_backtrack)
     shapes = jax.eval_shape(lambda: init_paged_state(cfg, one, dtype))
-    total = 0
-    for layer in shapes:
+    total = int(np.prod(shapes["last_token"].shape)) * shapes["last_token"].dtype.itemsize
+    for layer in shapes["layers"]:
         for path, leaf in jax.tree_util.tree_flatten_with_path(layer)[0]:
             if "rows" not in jax.tree_util.keystr(path):
                 total += int(np.prod(leaf.shape)) * leaf.dtype.itemsize

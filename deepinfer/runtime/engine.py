@@ -7,6 +7,11 @@
 Pools are sized from a memory budget (``kv_memory_bytes``), logged at start as a
 capacity in tokens and requests. Token and request counts are padded to buckets;
 ``warmup()`` compiles every bucket pair so nothing compiles while serving.
+
+Overlap (default): ``step()`` schedules and dispatches step N+1 before it reads
+step N's tokens, so the device never waits for the host. Tokens the host does
+not know yet go in as placeholders resolved on the device from a per-slot
+buffer; results are processed one step late.
 """
 
 from __future__ import annotations
@@ -51,6 +56,7 @@ class EngineConfig:
     row_buckets: tuple[int, ...] | None = None
     max_backtrack: int = 12
     keep_logits: bool = False  # keep each generated token's logits on the request (tests, debugging)
+    overlap: bool = True  # plan step N+1 while step N runs; off: wait for each step (comparison, debugging)
 
     def buckets(self) -> tuple[tuple[int, ...], tuple[int, ...]]:
         tokens = self.token_buckets or _powers_of_two(min(16, self.max_num_batched_tokens), self.max_num_batched_tokens)
@@ -130,6 +136,7 @@ class LLMEngine:
         self._seeds: dict[str, int] = {}
         self._ids = itertools.count()
         self.num_steps = 0
+        self._inflight: tuple[StepPlan, jax.Array, jax.Array] | None = None
         c = self.capacity
         log.info(
             "KV capacity: %d tokens, %d requests of max_model_len %d; %d slots; pools %s; %.1f MiB",
@@ -160,7 +167,7 @@ class LLMEngine:
 
     @property
     def has_unfinished(self) -> bool:
-        return self.scheduler.has_unfinished
+        return self.scheduler.has_unfinished or self._inflight is not None
 
     # -- stepping -----------------------------------------------------------------
 
@@ -172,6 +179,7 @@ class LLMEngine:
         )
 
     def _run(self, plan: StepPlan, shape: PlanShape):
+        """Dispatch one step (asynchronous: returns device arrays)."""
         ints, floats = pack(plan, self.pools, shape, self.layout.num_slots, self._seeds)
         with CompileCounter() as counter:
             tokens, logits, self.state = paged_step_jit(
@@ -181,26 +189,38 @@ class LLMEngine:
         self.compiled_shapes.add(shape)
         return tokens, logits
 
-    def step(self) -> list[Request]:
-        """Schedule, run one device step, record tokens. Returns the requests that finished."""
-        plan = self.scheduler.schedule()
-        if not plan.scheduled:
-            if self.scheduler.has_unfinished:
-                raise RuntimeError("scheduler made no progress: a request cannot fit the KV pools")
-            return []
-        tokens, logits = self._run(plan, self._shape_for(plan))
+    def _process(self, plan: StepPlan, tokens: jax.Array, logits: jax.Array) -> list[Request]:
+        """Read a step's tokens (waits for that step only) and record them."""
         tokens = np.asarray(tokens)
-        sampled = {}
         kept = np.asarray(logits) if self.config.keep_logits else None
-        for i, (req, n) in enumerate(plan.scheduled):
-            if plan.samples(req, n):
+        sampled = {}
+        for i, (req, _) in enumerate(plan.scheduled):
+            if plan.samples(req) and not req.is_finished:
                 sampled[req.request_id] = int(tokens[i])
                 if kept is not None:
                     req.logits.append(kept[i])
         finished = self.scheduler.update(plan, sampled)
         for req in finished:
             self._seeds.pop(req.request_id, None)
-        self.num_steps += 1
+            del req.logits[len(req.output_token_ids) :]  # logits of steps run past a stop
+        return finished
+
+    def step(self) -> list[Request]:
+        """Schedule and dispatch one step; record the previous one (overlap) or this one. Returns finished requests."""
+        plan = self.scheduler.schedule()
+        dispatched = None
+        if plan.scheduled:
+            dispatched = (plan, *self._run(plan, self._shape_for(plan)))
+            self.num_steps += 1
+        finished: list[Request] = []
+        if self.config.overlap:
+            if self._inflight is not None:
+                finished = self._process(*self._inflight)
+            self._inflight = dispatched
+        elif dispatched is not None:
+            finished = self._process(*dispatched)
+        if dispatched is None and self._inflight is None and not finished and self.scheduler.has_unfinished:
+            raise RuntimeError("scheduler made no progress: a request cannot fit the KV pools")
         return finished
 
     def warmup(self) -> int:

@@ -49,11 +49,15 @@ def paged_step(
     layout: PagedLayout,
     shape: PlanShape,
     params: dict,
-    state: list[dict],
+    state: dict,
     ints: jax.Array,
     floats: jax.Array,
-) -> tuple[jax.Array, jax.Array, list[dict]]:
-    """Returns (sampled tokens [R], logits [R, V] at each row's last token, new state)."""
+) -> tuple[jax.Array, jax.Array, dict]:
+    """Returns (sampled tokens [R], logits [R, V] at each row's last token, new state).
+
+    Plan tokens of -1 are placeholders for a request's previous sampled token,
+    read from ``state["last_token"][slot]``; this step's samples are written there.
+    """
     pools = tuple(name for name, _ in layout.num_pages)
     f, tables = unpack(shape, pools, ints, floats)
     row = f["token_row"]
@@ -67,18 +71,24 @@ def paged_step(
         end=f["length"][row] + f["n_new"][row],
         tables={name: tables[name][row] for name in pools},
     )
-    tokens = f["tokens"][None]
+    last_token = state["last_token"]
+    tokens = jnp.where(f["tokens"] < 0, jnp.take(last_token, fb.slot, mode="clip"), f["tokens"])[None]
     h = embed(params, tokens)
     streams = jnp.broadcast_to(h[:, :, None, :], (*h.shape[:2], cfg.hc_mult, h.shape[-1]))
     new_layers: dict[int, dict] = {}
     for i, (layer_type, mlp_type) in enumerate(zip(cfg.layer_types, cfg.mlp_layer_types)):
         p = params["layers"][i]
-        fn = _attention_into(new_layers, i, cfg, p["attn"], layer_type, state[i], fb, layout.page_size)
+        fn = _attention_into(new_layers, i, cfg, p["attn"], layer_type, state["layers"][i], fb, layout.page_size)
         streams, _ = block(cfg, p, mlp_type, streams, tokens, fn)
     last = jnp.clip(f["start"] + f["n_new"] - 1, 0, shape.num_tokens - 1)
     logits = lm_head(cfg, params, params["hc_head"], params["norm"], streams[0][last])
     sampled = sample(logits, f["length"] + f["n_new"], f["seed"], f["temperature"], f["top_k"], f["top_p"])
-    return sampled, logits, [new_layers[i] for i in range(cfg.num_hidden_layers)]
+    writes = jnp.where(f["sample"] > 0, f["slot"], last_token.shape[0])  # padding / mid-prompt rows: dropped
+    new_state = {
+        "layers": [new_layers[i] for i in range(cfg.num_hidden_layers)],
+        "last_token": last_token.at[writes].set(sampled, mode="drop"),
+    }
+    return sampled, logits, new_state
 
 
 # One program per static (config, layout, plan shape); the state is updated in place.
