@@ -17,7 +17,6 @@ import json
 import os
 import sys
 import tempfile
-import time
 
 import jax
 import numpy as np

@@ -13,7 +13,7 @@ from typing import Any, Mapping
 import jax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from deepinfer.params import ParamSpec, flatten_dotted, is_spec, map_specs
+from deepinfer.params import ParamSpec, flatten_dotted, map_specs
 
 Rules = Mapping[str, str | tuple[str, ...] | None]
 

@@ -1,7 +1,6 @@
 """The engine: continuous batching with chunked prefill equals each request run alone; preemption;
 allocator invariants; no compiles after warm-up; the offline LLM API."""
 
-import json
 
 import jax
 import numpy as np

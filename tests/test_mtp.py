@@ -16,7 +16,7 @@ import torch
 from deepinfer.models.deepseek_v4 import forward_with_intermediates, mtp_forward
 from deepinfer.models.deepseek_v4.loader import params_from_named_arrays
 from deepinfer.params import flatten_dotted, unflatten_dotted
-from tests.reference import TINY_CONFIGS, hf_config, load_case, randomize_
+from tests.reference import TINY_CONFIGS, load_case, randomize_
 
 TOLERANCE = 1e-4
 

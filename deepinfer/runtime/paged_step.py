@@ -5,7 +5,6 @@ One program per (token bucket, row bucket); the state is donated.
 
 from __future__ import annotations
 
-import functools
 
 import jax
 import jax.numpy as jnp

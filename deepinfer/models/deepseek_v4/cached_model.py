@@ -8,7 +8,6 @@ the whole-sequence forward's.
 
 from __future__ import annotations
 
-import functools
 
 import jax
 import jax.numpy as jnp
