@@ -5,15 +5,13 @@ One program per (token bucket, row bucket); the state is donated.
 
 from __future__ import annotations
 
-
 import jax
 import jax.numpy as jnp
 
 from deepinfer.config import ModelConfig
 from deepinfer.engine.plan import FLOAT_FIELDS_R, INT_FIELDS_R, INT_FIELDS_T, PlanShape
 from deepinfer.kv.paged_state import PagedLayout
-from deepinfer.models.deepseek_v4.block import block
-from deepinfer.models.deepseek_v4.model import embed, lm_head
+from deepinfer.models.deepseek_v4.model import lm_head, run_layers
 from deepinfer.models.deepseek_v4.paged_attention import FlatBatch, paged_attention
 from deepinfer.runtime.sampler import sample
 
@@ -32,15 +30,6 @@ def unpack(shape: PlanShape, pools: tuple[str, ...], ints: jax.Array, floats: ja
     for i, f in enumerate(FLOAT_FIELDS_R):
         out[f] = floats[i * r : (i + 1) * r]
     return out, tables
-
-
-def _attention_into(out: dict, key: int, cfg, p, layer_type, st, fb, page_size):
-    def fn(x):
-        y, new_st = paged_attention(cfg, p, layer_type, st, x[0], fb, page_size)
-        out[key] = new_st
-        return y[None], {}
-
-    return fn
 
 
 def paged_step(
@@ -72,19 +61,21 @@ def paged_step(
     )
     last_token = state["last_token"]
     tokens = jnp.where(f["tokens"] < 0, jnp.take(last_token, fb.slot, mode="clip"), f["tokens"])[None]
-    h = embed(params, tokens)
-    streams = jnp.broadcast_to(h[:, :, None, :], (*h.shape[:2], cfg.hc_mult, h.shape[-1]))
-    new_layers: dict[int, dict] = {}
-    for i, (layer_type, mlp_type) in enumerate(zip(cfg.layer_types, cfg.mlp_layer_types)):
-        p = params["layers"][i]
-        fn = _attention_into(new_layers, i, cfg, p["attn"], layer_type, state["layers"][i], fb, layout.page_size)
-        streams, _ = block(cfg, p, mlp_type, streams, tokens, fn)
+
+    def attention_for(i, layer_type, p):
+        def fn(x):  # the flat batch is one row of T tokens
+            y, new_st = paged_attention(cfg, p, layer_type, state["layers"][i], x[0], fb, layout.page_size)
+            return y[None], {"state": new_st}
+
+        return fn
+
+    streams, layers_aux = run_layers(cfg, params, tokens, attention_for)
     last = jnp.clip(f["start"] + f["n_new"] - 1, 0, shape.num_tokens - 1)
     logits = lm_head(cfg, params, params["hc_head"], params["norm"], streams[0][last])
     sampled = sample(logits, f["length"] + f["n_new"], f["seed"], f["temperature"], f["top_k"], f["top_p"])
     writes = jnp.where(f["sample"] > 0, f["slot"], last_token.shape[0])  # padding / mid-prompt rows: dropped
     new_state = {
-        "layers": [new_layers[i] for i in range(cfg.num_hidden_layers)],
+        "layers": [aux["attn.state"] for aux in layers_aux],
         "last_token": last_token.at[writes].set(sampled, mode="drop"),
     }
     return sampled, logits, new_state

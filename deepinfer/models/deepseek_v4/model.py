@@ -8,13 +8,14 @@ consumes). Under jit, intermediates nobody reads are removed by XLA.
 from __future__ import annotations
 
 import functools
+from typing import Callable
 
 import jax
 import jax.numpy as jnp
 
 from deepinfer.config import ModelConfig
 from deepinfer.models.deepseek_v4.attention import attention
-from deepinfer.models.deepseek_v4.block import block
+from deepinfer.models.deepseek_v4.block import AttentionFn, block
 from deepinfer.models.deepseek_v4.hyper_connections import hc_head
 from deepinfer.models.deepseek_v4.ops import einsum_f32, rms_norm
 
@@ -35,18 +36,33 @@ def default_positions(tokens: jax.Array) -> jax.Array:
     return jnp.broadcast_to(jnp.arange(tokens.shape[1], dtype=jnp.int32), tokens.shape)
 
 
-def forward_with_intermediates(cfg: ModelConfig, params: dict, tokens: jax.Array) -> tuple[jax.Array, jax.Array, list[dict]]:
-    """tokens [B, S] (whole sequences from position 0) -> (logits [B, S, V] fp32,
-    pre-head streams [B, S, hc, D], per-layer intermediates)."""
-    positions = default_positions(tokens)
+def run_layers(
+    cfg: ModelConfig, params: dict, tokens: jax.Array, attention_for: Callable[[int, str, dict], AttentionFn]
+) -> tuple[jax.Array, list[dict]]:
+    """Embed tokens [B, S] into hc streams and run every decoder block.
+
+    ``attention_for(i, layer_type, attn_params)`` gives layer i's attention
+    sub-layer (whole-sequence, cached or paged); a stateful one returns its new
+    layer state as the intermediate "state" (block() exposes it as "attn.state").
+    Returns the pre-head streams [B, S, hc, D] and per-layer intermediates.
+    """
     h = embed(params, tokens)
     streams = jnp.broadcast_to(h[:, :, None, :], (*h.shape[:2], cfg.hc_mult, h.shape[-1]))
     layers_aux = []
     for i, (layer_type, mlp_type) in enumerate(zip(cfg.layer_types, cfg.mlp_layer_types)):
         p = params["layers"][i]
-        attn_fn = functools.partial(attention, cfg, p["attn"], layer_type, positions=positions)
-        streams, aux = block(cfg, p, mlp_type, streams, tokens, attn_fn)
+        streams, aux = block(cfg, p, mlp_type, streams, tokens, attention_for(i, layer_type, p["attn"]))
         layers_aux.append(aux)
+    return streams, layers_aux
+
+
+def forward_with_intermediates(cfg: ModelConfig, params: dict, tokens: jax.Array) -> tuple[jax.Array, jax.Array, list[dict]]:
+    """tokens [B, S] (whole sequences from position 0) -> (logits [B, S, V] fp32,
+    pre-head streams [B, S, hc, D], per-layer intermediates)."""
+    positions = default_positions(tokens)
+    streams, layers_aux = run_layers(
+        cfg, params, tokens, lambda i, lt, p: functools.partial(attention, cfg, p, lt, positions=positions)
+    )
     logits = lm_head(cfg, params, params["hc_head"], params["norm"], streams)
     return logits, streams, layers_aux
 
