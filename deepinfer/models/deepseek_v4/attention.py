@@ -41,12 +41,19 @@ def attend_with_sink(q: jax.Array, keys: jax.Array, mask: jax.Array, sink: jax.A
     """
     logits = einsum_f32("bshd,bkd->bhsk", q, keys) * scale
     logits = jnp.where(mask[:, None, :, :], logits, -jnp.inf)
-    sink = sink.astype(jnp.float32)[None, :, None]  # [1, H, 1]
-    peak = jnp.maximum(jnp.max(logits, axis=-1), sink)  # [B, H, S]
-    weights = jnp.exp(logits - peak[..., None])
-    denom = jnp.sum(weights, axis=-1) + jnp.exp(sink - peak)
-    probs = (weights / denom[..., None]).astype(keys.dtype)
+    probs = sink_softmax(logits, sink.astype(jnp.float32)[None, :, None]).astype(keys.dtype)
     return einsum_f32("bhsk,bkd->bshd", probs, keys).astype(keys.dtype)
+
+
+def sink_softmax(logits: jax.Array, sink: jax.Array) -> jax.Array:
+    """Softmax over the last axis with an extra sink logit that joins the denominator only.
+
+    logits [..., K] (fp32, -inf where masked); sink broadcastable to logits[..., 0].
+    Never NaN: with every key masked the sink takes all the mass and the result is 0.
+    """
+    peak = jnp.maximum(jnp.max(logits, axis=-1), sink)
+    weights = jnp.exp(logits - peak[..., None])
+    return weights / (jnp.sum(weights, axis=-1) + jnp.exp(sink - peak))[..., None]
 
 
 def output_projection(cfg: ModelConfig, p: dict, o: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:

@@ -19,7 +19,7 @@ from deepinfer.config import CSA, HCA, ModelConfig
 from deepinfer.kv.paged_state import POOL_OF_LAYER
 from deepinfer.kv.ring import ring_positions
 from deepinfer.models.deepseek_v4 import indexer
-from deepinfer.models.deepseek_v4.attention import output_projection, query_and_kv, rope_for
+from deepinfer.models.deepseek_v4.attention import output_projection, query_and_kv, rope_for, sink_softmax
 from deepinfer.models.deepseek_v4.compressor import project, rows_from_positions
 from deepinfer.models.deepseek_v4.rope import rope_angles
 
@@ -94,11 +94,7 @@ def _attend_parts(q, parts, sink, scale):
         eq = "thd,kd->thk" if shared else "thd,tkd->thk"
         lg = jnp.einsum(eq, q.astype(jnp.float32), keys.astype(jnp.float32)) * scale
         logits.append(jnp.where(mask[:, None, :], lg, -jnp.inf))
-    allp = jnp.concatenate(logits, axis=-1)
-    sink = sink.astype(jnp.float32)[None, :]
-    peak = jnp.maximum(jnp.max(allp, axis=-1), sink)
-    weights = jnp.exp(allp - peak[..., None])
-    probs = weights / (jnp.sum(weights, axis=-1) + jnp.exp(sink - peak))[..., None]
+    probs = sink_softmax(jnp.concatenate(logits, axis=-1), sink.astype(jnp.float32)[None, :])
     out, at = 0.0, 0
     for keys, _, shared in parts:
         k = keys.shape[0] if shared else keys.shape[1]
