@@ -24,6 +24,7 @@ enforces it.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 import jax
 import jax.numpy as jnp
@@ -34,6 +35,38 @@ from deepinfer.config import CSA, HCA, ModelConfig
 DEFAULT_MAX_BACKTRACK = 12  # with V4's window of 128: keep = 140 rows
 
 
+def window_keep(cfg: ModelConfig, max_backtrack: int) -> int:
+    return cfg.sliding_window + max_backtrack
+
+
+def compressor_keep(cfg: ModelConfig, layer_type: str, max_backtrack: int) -> int:
+    """Token inputs a compressor must keep: the window being filled (CSA: and the one before)."""
+    return (2 if layer_type == CSA else 1) * cfg.compress_ratio(layer_type) + max_backtrack
+
+
+def layer_state(
+    cfg: ModelConfig, layer_type: str, n: int, max_backtrack: int, dtype, rows: Callable[[int], jax.Array]
+) -> dict:
+    """One layer's state for n sequences (batch rows or engine slots).
+
+    The window ring and compressor token rings are per sequence; ``rows(head_dim)``
+    supplies the compressed-row storage (contiguous here, paged pools in the engine).
+    """
+    st: dict = {"window": jnp.zeros((n, window_keep(cfg, max_backtrack), cfg.head_dim), dtype)}
+
+    def compressor(head_dim: int) -> dict:
+        width = (2 if layer_type == CSA else 1) * head_dim
+        keep = compressor_keep(cfg, layer_type, max_backtrack)
+        ring = {"kv": jnp.zeros((n, keep, width), dtype), "gate": jnp.zeros((n, keep, width), jnp.float32)}
+        return {"compressor": ring, "rows": rows(head_dim)}
+
+    if layer_type in (CSA, HCA):
+        st.update(compressor(cfg.head_dim))
+    if layer_type == CSA:
+        st["indexer"] = compressor(cfg.index_head_dim)
+    return st
+
+
 @dataclass(frozen=True)
 class StateLayout:
     """Static sizes of a decode state (hashable: a static jit argument)."""
@@ -42,34 +75,8 @@ class StateLayout:
     max_len: int
     max_backtrack: int = DEFAULT_MAX_BACKTRACK
 
-    def window_keep(self, cfg: ModelConfig) -> int:
-        return cfg.sliding_window + self.max_backtrack
-
-    def compressor_keep(self, cfg: ModelConfig, layer_type: str) -> int:
-        ratio = cfg.compress_ratio(layer_type)
-        return (2 if layer_type == CSA else 1) * ratio + self.max_backtrack
-
     def max_rows(self, cfg: ModelConfig, layer_type: str) -> int:
         return max(1, self.max_len // cfg.compress_ratio(layer_type))
-
-
-def _compressor_state(layout: StateLayout, cfg: ModelConfig, layer_type: str, head_dim: int, dtype) -> dict:
-    width = (2 if layer_type == CSA else 1) * head_dim
-    keep = layout.compressor_keep(cfg, layer_type)
-    b = layout.batch
-    return {
-        "compressor": {"kv": jnp.zeros((b, keep, width), dtype), "gate": jnp.zeros((b, keep, width), jnp.float32)},
-        "rows": jnp.zeros((b, layout.max_rows(cfg, layer_type), head_dim), dtype),
-    }
-
-
-def layer_state(layout: StateLayout, cfg: ModelConfig, layer_type: str, dtype) -> dict:
-    st: dict = {"window": jnp.zeros((layout.batch, layout.window_keep(cfg), cfg.head_dim), dtype)}
-    if layer_type in (CSA, HCA):
-        st.update(_compressor_state(layout, cfg, layer_type, cfg.head_dim, dtype))
-    if layer_type == CSA:
-        st["indexer"] = _compressor_state(layout, cfg, layer_type, cfg.index_head_dim, dtype)
-    return st
 
 
 def init_decode_state(cfg: ModelConfig, layout: StateLayout, dtype=jnp.float32) -> dict:
@@ -77,7 +84,13 @@ def init_decode_state(cfg: ModelConfig, layout: StateLayout, dtype=jnp.float32) 
     return {
         "lengths": jnp.zeros((layout.batch,), jnp.int32),
         "high_water": jnp.zeros((layout.batch,), jnp.int32),
-        "layers": [layer_state(layout, cfg, t, dtype) for t in cfg.layer_types],
+        "layers": [
+            layer_state(
+                cfg, t, layout.batch, layout.max_backtrack, dtype,
+                lambda hd, t=t: jnp.zeros((layout.batch, layout.max_rows(cfg, t), hd), dtype),
+            )
+            for t in cfg.layer_types
+        ],
     }
 
 

@@ -21,6 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from deepinfer.config import CSA, HCA, ModelConfig
+from deepinfer.kv.decode_state import layer_state
 
 POOL_OF_LAYER = {CSA: "csa", HCA: "hca"}
 
@@ -37,27 +38,10 @@ class PagedLayout:
     def pages(self, pool: str) -> int:
         return dict(self.num_pages)[pool]
 
-    def window_keep(self, cfg: ModelConfig) -> int:
-        return cfg.sliding_window + self.max_backtrack
-
-    def compressor_keep(self, cfg: ModelConfig, layer_type: str) -> int:
-        return (2 if layer_type == CSA else 1) * cfg.compress_ratio(layer_type) + self.max_backtrack
-
 
 def pools_of(cfg: ModelConfig) -> tuple[str, ...]:
     """The pools a model needs, in a fixed order."""
     return tuple(name for t, name in ((CSA, "csa"), (HCA, "hca")) if t in cfg.layer_types)
-
-
-def _compressor(layout: PagedLayout, cfg: ModelConfig, layer_type: str, head_dim: int, dtype) -> dict:
-    width = (2 if layer_type == CSA else 1) * head_dim
-    keep = layout.compressor_keep(cfg, layer_type)
-    s = layout.num_slots
-    pages = layout.pages(POOL_OF_LAYER[layer_type])
-    return {
-        "compressor": {"kv": jnp.zeros((s, keep, width), dtype), "gate": jnp.zeros((s, keep, width), jnp.float32)},
-        "rows": jnp.zeros((pages, layout.page_size, head_dim), dtype),
-    }
 
 
 def init_paged_state(cfg: ModelConfig, layout: PagedLayout, dtype=jnp.float32) -> dict:
@@ -67,14 +51,10 @@ def init_paged_state(cfg: ModelConfig, layout: PagedLayout, dtype=jnp.float32) -
     step's tokens: a plan token of -1 is read from here on the device. One entry
     per slot (not a ring shared by batches), so a later step cannot overwrite it.
     """
-    layers = []
-    for t in cfg.layer_types:
-        st: dict = {"window": jnp.zeros((layout.num_slots, layout.window_keep(cfg), cfg.head_dim), dtype)}
-        if t in (CSA, HCA):
-            st.update(_compressor(layout, cfg, t, cfg.head_dim, dtype))
-        if t == CSA:
-            st["indexer"] = _compressor(layout, cfg, t, cfg.index_head_dim, dtype)
-        layers.append(st)
+    def pool(layer_type: str):  # called only for CSA / HCA layers
+        return lambda hd: jnp.zeros((layout.pages(POOL_OF_LAYER[layer_type]), layout.page_size, hd), dtype)
+
+    layers = [layer_state(cfg, t, layout.num_slots, layout.max_backtrack, dtype, pool(t)) for t in cfg.layer_types]
     return {"layers": layers, "last_token": jnp.zeros((layout.num_slots,), jnp.int32)}
 
 
