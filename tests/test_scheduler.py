@@ -220,3 +220,8 @@ def test_pack_layout():
     csa_table = ints[4 * t + 7 * r : 4 * t + 7 * r + 8 * r].reshape(r, 8)
     assert csa_table[0, 0] == plan.scheduled[0][0].pages["csa"][0] and csa_table[2].tolist() == [32] * 8
     np.testing.assert_allclose(floats, [0.5, 1.0, 0.0, 0.0, 1.0, 1.0, 1.0, 1.0])
+
+
+def test_pools_too_small_for_one_request_are_refused_at_construction():
+    with pytest.raises(ValueError, match="pool 'csa' cannot hold even one request of max_model_len tokens"):
+        make(pages=2, max_model_len=24)  # 24 tokens need 6 csa rows = 3 pages of 2

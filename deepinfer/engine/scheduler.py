@@ -102,6 +102,9 @@ class Scheduler:
         self.slots = SlotAllocator(config.num_slots)
         self.pools = {p.name: PageAllocator(p.name, p.num_pages) for p in config.pools}
         self._specs = {p.name: p for p in config.pools}
+        for spec in config.pools:  # so that any single admitted request can always run
+            if spec.pages_for(config.max_model_len) > spec.num_pages:
+                raise ValueError(f"pool {spec.name!r} cannot hold even one request of max_model_len tokens")
         self._arrivals = 0
         self.num_preemptions = 0
 
@@ -115,9 +118,6 @@ class Scheduler:
                 f"request {req.request_id}: prompt of {len(req.prompt_token_ids)} tokens leaves no room to "
                 f"generate within max_model_len {self.config.max_model_len}"
             )
-        for spec in self._specs.values():
-            if spec.pages_for(self.config.max_model_len) > spec.num_pages:
-                raise ValueError(f"pool {spec.name!r} cannot hold even one request of max_model_len tokens")
         req.arrival = self._arrivals
         self._arrivals += 1
         req.status = RequestStatus.WAITING
