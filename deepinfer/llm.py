@@ -18,13 +18,14 @@ from typing import Any, Sequence
 import jax
 
 from deepinfer.config import ModelConfig
+from deepinfer.default_model import ensure_default_model
+from deepinfer.engine.output import ChoiceOutput, take_new
 from deepinfer.engine.sampling_params import SamplingParams
 from deepinfer.models.deepseek_v4 import model_spec
 from deepinfer.models.deepseek_v4.loader import load_checkpoint
 from deepinfer.params import init_params
 from deepinfer.runtime.engine import EngineConfig, LLMEngine
-
-DEFAULT_MODEL = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs", "tiny_mixed.json")
+from deepinfer.tokenizer import TextTokenizer
 
 
 @dataclass
@@ -34,6 +35,8 @@ class CompletionOutput:
     token_ids: list[int]
     finish_reason: str | None
     cumulative_logprob: float | None = None
+    logprobs: list | None = None  # per token: (logprob, top ids, top logprobs), when asked for
+    stop_reason: str | int | None = None
 
 
 @dataclass
@@ -43,15 +46,6 @@ class RequestOutput:
     prompt_token_ids: list[int]
     outputs: list[CompletionOutput] = field(default_factory=list)
     finished: bool = True
-
-
-def _load_tokenizer(directory: str):
-    path = os.path.join(directory, "tokenizer.json")
-    if not os.path.exists(path):
-        return None
-    from tokenizers import Tokenizer
-
-    return Tokenizer.from_file(path)
 
 
 class LLM:
@@ -66,15 +60,16 @@ class LLM:
         **engine_kwargs: Any,
     ):
         """model: a checkpoint directory, a config.json (random weights from ``seed``), or a
-        ModelConfig (with ``params`` or random weights). ``engine_kwargs`` go to EngineConfig
+        ModelConfig (with ``params`` or random weights); None: the default model
+        (deepinfer.default_model). ``engine_kwargs`` go to EngineConfig
         (max_num_seqs, max_num_batched_tokens, max_model_len, kv_memory_bytes, ...)."""
-        model = DEFAULT_MODEL if model is None else model
-        self.tokenizer = None
+        model = ensure_default_model() if model is None else model
+        self.tokenizer: TextTokenizer | None = None
         if isinstance(model, ModelConfig):
             cfg = model
         elif os.path.isdir(model):
             cfg, params = load_checkpoint(model, dtype=dtype, mtp="skip")
-            self.tokenizer = _load_tokenizer(model)
+            self.tokenizer = TextTokenizer.from_dir(model)
         else:
             cfg = ModelConfig.from_json_file(model)
         if params is None:
@@ -92,11 +87,8 @@ class LLM:
         if isinstance(prompt, str):
             if self.tokenizer is None:
                 raise ValueError("this model has no tokenizer (tokenizer.json): pass {'prompt_token_ids': [...]} instead")
-            return prompt, self.tokenizer.encode(prompt).ids
+            return prompt, self.tokenizer.encode(prompt)
         raise TypeError(f"a prompt is a string or {{'prompt_token_ids': [...]}}, got {type(prompt).__name__}")
-
-    def _decode(self, ids: list[int]) -> str:
-        return self.tokenizer.decode(ids) if self.tokenizer is not None else ""
 
     def generate(
         self,
@@ -104,7 +96,7 @@ class LLM:
         sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
         use_tqdm: bool = True,
     ) -> list[RequestOutput]:
-        """Run every prompt to completion; outputs come back in prompt order."""
+        """Run every prompt to completion; outputs come back in prompt order, n choices each."""
         if isinstance(prompts, (str, dict)):
             prompts = [prompts]
         prompts = list(prompts)
@@ -113,28 +105,50 @@ class LLM:
         if len(sampling_params) != len(prompts):
             raise ValueError(f"{len(sampling_params)} sampling params for {len(prompts)} prompts")
         encoded = [self._encode(p) for p in prompts]
-        reqs = []
+        tok = self.tokenizer.tokenizer if self.tokenizer is not None else None
+        tracked: dict[str, tuple[Any, ChoiceOutput]] = {}
+        results = [RequestOutput(f"{i}", text, ids) for i, (text, ids) in enumerate(encoded)]
         try:  # every prompt is checked before any runs: a bad one leaves nothing behind
-            for (_, ids), sp in zip(encoded, sampling_params):
-                reqs.append(self.engine.add_request(ids, sp))
+            for (_, ids), sp, result in zip(encoded, sampling_params, results):
+                for i, choice_sp in enumerate(sp.choices()):
+                    choice = ChoiceOutput(i, choice_sp, tok)
+                    req = self.engine.add_request(ids, choice_sp)
+                    tracked[req.request_id] = (req, choice)
+                    result.outputs.append(choice)
         except Exception:
-            for r in reqs:
-                self.engine.abort(r)
+            for req, _ in tracked.values():
+                self.engine.abort(req)
             raise
         bar = None
-        if use_tqdm and len(reqs) > 1:
+        if use_tqdm and len(tracked) > 1:
             from tqdm.auto import tqdm
 
-            bar = tqdm(total=len(reqs), desc="Processed prompts", unit="req")
+            bar = tqdm(total=len(tracked), desc="Processed prompts", unit="req")
         try:
-            self.engine.run_until_done(progress=bar.update if bar else None)
+            while self.engine.has_unfinished:
+                finished = self.engine.step()
+                for req in {id(r): r for r in self.engine.updated + finished}.values():
+                    self._feed(req, tracked[req.request_id][1], bar)
         finally:
             if bar:
                 bar.close()
-        return [
-            RequestOutput(
-                r.request_id, text, r.prompt_token_ids,
-                [CompletionOutput(0, self._decode(r.output_token_ids), list(r.output_token_ids), r.finish_reason)],
-            )
-            for (text, _), r in zip(encoded, reqs)
-        ]
+        for result in results:
+            result.outputs = [_completion(c) for c in result.outputs]
+        return results
+
+    def _feed(self, req, choice: ChoiceOutput, bar) -> None:
+        if choice.finished:
+            return  # ended by a stop string; later tokens of steps in flight are dropped
+        ids, lps, reason = take_new(req, len(choice.token_ids))
+        choice.add(ids, lps, reason)
+        if choice.finished:
+            if not req.is_finished:
+                self.engine.abort(req, "stop")  # a stop string: the engine only sees tokens
+            if bar:
+                bar.update(1)
+
+
+def _completion(c: ChoiceOutput) -> CompletionOutput:
+    lps = c.logprobs if c.sampling_params.logprobs is not None else None
+    cumulative = sum(lp[0] for lp in lps) if lps else None
+    return CompletionOutput(c.index, c.text, list(c.token_ids), c.finish_reason, cumulative, lps, c.stop_reason)

@@ -185,3 +185,25 @@ def test_llm_bad_prompts(tmp_path):
         llm.generate([{"prompt_token_ids": [1, 2]}, {"prompt_token_ids": [999]}])
     assert not llm.engine.has_unfinished  # the good prompt before the bad one was not left behind
     llm.engine.check_all_free()
+
+
+def test_llm_n_choices_and_stop_strings(checkpoint_with_tokenizer):
+    llm = LLM(str(checkpoint_with_tokenizer), max_num_batched_tokens=32, **ENGINE_KW)
+    sp = SamplingParams(n=3, temperature=1.0, seed=11, max_tokens=8, ignore_eos=True, logprobs=2)
+    first, again = llm.generate("w5 w17 w3", sp), llm.generate("w5 w17 w3", sp)
+    outs = first[0].outputs
+    assert [c.index for c in outs] == [0, 1, 2]
+    assert len({tuple(c.token_ids) for c in outs}) == 3  # each choice samples with its own seed
+    assert [c.token_ids for c in outs] == [c.token_ids for c in again[0].outputs]  # and reproducibly
+    for c in outs:
+        assert len(c.logprobs) == 8 and all(len(lp[1]) == 2 for lp in c.logprobs)
+        assert c.cumulative_logprob == pytest.approx(sum(lp[0] for lp in c.logprobs))
+    greedy = llm.generate("w5 w17 w3", SamplingParams(temperature=0, max_tokens=12, ignore_eos=True))[0].outputs[0]
+    text = greedy.text
+    cut = text.index(" ", 4)
+    stop = text[cut - 1 : cut + 2]  # spans a token boundary ("7 w"-like)
+    got = llm.generate("w5 w17 w3", SamplingParams(temperature=0, max_tokens=12, ignore_eos=True, stop=[stop]))[0].outputs[0]
+    assert got.text == text[: text.index(stop)]
+    assert got.finish_reason == "stop" and got.stop_reason == stop
+    assert got.token_ids == greedy.token_ids[: len(got.token_ids)] and len(got.token_ids) < 12
+    llm.engine.check_all_free()

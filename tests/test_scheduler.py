@@ -164,12 +164,14 @@ def test_bad_requests_are_refused():
 @pytest.mark.parametrize(
     "kw, text",
     [
-        ({"temperature": -1}, "temperature must be a number >= 0"),
+        ({"temperature": -1}, r"temperature must be a number in \[0, 100\]"),
         ({"top_p": 0}, r"top_p must be in \(0, 1\]"),
         ({"top_k": -5}, "top_k must be -1"),
         ({"max_tokens": 0}, "max_tokens must be a positive integer"),
         ({"seed": -1}, "seed must be an integer"),
-        ({"n": 2}, "n must be 1 for now"),
+        ({"n": 0}, r"n must be an integer in \[1, 16\]"),
+        ({"logprobs": 21}, r"logprobs must be an integer in \[0, 20\]"),
+        ({"stop": [""]}, "stop must be non-empty strings"),
         ({"stop_token_ids": [-3]}, "stop_token_ids must be non-negative"),
     ],
 )

@@ -6,7 +6,7 @@ tokens are marked invalid and padding rows point at out-of-range slots and pages
 (the device drops their writes). Layout of the int buffer, in order:
 
     tokens[T] (-1: read the slot's last sampled token on device) positions[T] token_row[T] valid[T]
-    slot[R] length[R] n_new[R] start[R] sample[R] seed[R] top_k[R]
+    slot[R] length[R] n_new[R] start[R] sample[R] seed[R] top_k[R] logprobs[R] (1: report log-probabilities)
     block_table[pool][R, max_pages]   (one per pool, in PoolSpec order)
 
 and of the float buffer: temperature[R] top_p[R].
@@ -21,7 +21,7 @@ import numpy as np
 from deepinfer.engine.scheduler import PoolSpec, StepPlan
 
 INT_FIELDS_T = ("tokens", "positions", "token_row", "valid")
-INT_FIELDS_R = ("slot", "length", "n_new", "start", "sample", "seed", "top_k")
+INT_FIELDS_R = ("slot", "length", "n_new", "start", "sample", "seed", "top_k", "logprobs")
 FLOAT_FIELDS_R = ("temperature", "top_p")
 
 
@@ -88,6 +88,7 @@ def pack(
         row["sample"][i] = int(plan.samples(req))
         row["seed"][i] = np.array(seeds[req.request_id], np.uint32).view(np.int32)  # bits kept; device reads uint32
         row["top_k"][i] = max(sp.top_k, 0)
+        row["logprobs"][i] = int(sp.logprobs is not None)
         flo["temperature"][i] = sp.temperature
         flo["top_p"][i] = sp.top_p
         for table, spec in zip(tables, pools):

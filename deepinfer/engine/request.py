@@ -37,6 +37,18 @@ class Request:
     finish_reason: str | None = None
     num_preemptions: int = 0
     logits: list = field(default_factory=list)  # per generated token, only when the engine keeps them
+    # output index -> (sampled logprob, top ids, top logprobs), when sampling_params.logprobs is set
+    token_logprobs: dict[int, tuple[float, list[int], list[float]]] = field(default_factory=dict)
+    error: str | None = None  # why the engine failed this request (finish_reason "error")
+    first_scheduled_time: float | None = None  # time.monotonic() when first admitted to the batch
+
+    @property
+    def num_resolved(self) -> int:
+        """Output tokens known on the host (a step still in flight leaves placeholders at the end)."""
+        n = len(self.output_token_ids)
+        while n and self.output_token_ids[n - 1] is None:
+            n -= 1
+        return n
 
     @property
     def all_token_ids(self) -> list[int]:

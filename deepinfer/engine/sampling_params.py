@@ -2,17 +2,42 @@
 
 from __future__ import annotations
 
+import dataclasses
 import secrets
 from dataclasses import dataclass, field
+
+MAX_LOGPROBS = 20  # alternatives per token the device computes (OpenAI's top_logprobs limit)
+MAX_N = 16
+
+
+def choice_seed(seed: int, index: int) -> int:
+    """Seed of choice ``index`` of an n > 1 request: choice 0 keeps the request's seed (so n=1
+    and the first of n agree); the others are a fixed mix of (seed, index), each reproducible."""
+    if index == 0:
+        return seed
+    x = (seed * 0x9E3779B1 + index * 0x85EBCA77) & 0xFFFFFFFF
+    x ^= x >> 16
+    x = (x * 0x7FEB352D) & 0xFFFFFFFF
+    x ^= x >> 15
+    return x
+
+
+def _is_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
 
 
 @dataclass
 class SamplingParams:
-    """How one request samples and when it stops.
+    """How one request samples, what it reports and when it stops.
 
     temperature 0 is greedy. top_k <= 0 (vLLM: -1) and top_p == 1 switch those
     filters off. A request without a seed gets a fresh random one, so its
-    samples are still a pure function of (seed, position, token id).
+    samples are still a pure function of (seed, position, token id). ``n``
+    choices run as n sequences with seeds ``choice_seed(seed, i)``.
+    ``logprobs``: None for none, k >= 0 for the sampled token's log-probability
+    plus the k most likely alternatives (log-softmax of the model's raw logits).
+    ``stop``: strings that end the output (matched in the detokenized text,
+    across token boundaries; not included in the text).
     """
 
     n: int = 1
@@ -21,24 +46,38 @@ class SamplingParams:
     top_k: int = -1
     seed: int | None = None
     max_tokens: int | None = 16
+    stop: list[str] = field(default_factory=list)
     stop_token_ids: list[int] = field(default_factory=list)
     ignore_eos: bool = False
+    logprobs: int | None = None
+    skip_special_tokens: bool = True
 
     def __post_init__(self):
-        if self.n != 1:
-            raise ValueError(f"n must be 1 for now (n > 1 arrives with the sampling work), got {self.n}")
-        if not isinstance(self.temperature, (int, float)) or self.temperature < 0:
-            raise ValueError(f"temperature must be a number >= 0, got {self.temperature!r}")
+        if isinstance(self.stop, str):
+            self.stop = [self.stop]
+        if not _is_int(self.n) or not 1 <= self.n <= MAX_N:
+            raise ValueError(f"n must be an integer in [1, {MAX_N}], got {self.n!r}")
+        if not isinstance(self.temperature, (int, float)) or isinstance(self.temperature, bool) or not 0 <= self.temperature <= 100:
+            raise ValueError(f"temperature must be a number in [0, 100], got {self.temperature!r}")
         if not isinstance(self.top_p, (int, float)) or not 0 < self.top_p <= 1:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p!r}")
-        if not isinstance(self.top_k, int) or isinstance(self.top_k, bool) or (self.top_k < -1):
+        if not _is_int(self.top_k) or self.top_k < -1:
             raise ValueError(f"top_k must be -1 (off), 0 (off) or a positive integer, got {self.top_k!r}")
-        if self.max_tokens is not None and (not isinstance(self.max_tokens, int) or self.max_tokens < 1):
+        if self.max_tokens is not None and (not _is_int(self.max_tokens) or self.max_tokens < 1):
             raise ValueError(f"max_tokens must be a positive integer or None, got {self.max_tokens!r}")
-        if self.seed is not None and (not isinstance(self.seed, int) or not 0 <= self.seed < 2**32):
+        if self.seed is not None and (not _is_int(self.seed) or not 0 <= self.seed < 2**32):
             raise ValueError(f"seed must be an integer in [0, 2**32), got {self.seed!r}")
-        if any(not isinstance(t, int) or t < 0 for t in self.stop_token_ids):
+        if any(not _is_int(t) or t < 0 for t in self.stop_token_ids):
             raise ValueError(f"stop_token_ids must be non-negative integers, got {self.stop_token_ids!r}")
+        if any(not isinstance(s, str) or not s for s in self.stop):
+            raise ValueError(f"stop must be non-empty strings, got {self.stop!r}")
+        if self.logprobs is not None and (not _is_int(self.logprobs) or not 0 <= self.logprobs <= MAX_LOGPROBS):
+            raise ValueError(f"logprobs must be an integer in [0, {MAX_LOGPROBS}] or None, got {self.logprobs!r}")
+
+    def choices(self) -> list["SamplingParams"]:
+        """One n=1 SamplingParams per choice, each with its own resolved seed."""
+        seed = self.resolved_seed()
+        return [dataclasses.replace(self, n=1, seed=choice_seed(seed, i)) for i in range(self.n)]
 
     def resolved_seed(self) -> int:
         """The seed to sample with: the given one, or a fresh random one."""

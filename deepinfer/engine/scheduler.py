@@ -28,6 +28,7 @@ into numpy arrays for the device. No JAX here.
 from __future__ import annotations
 
 import collections
+import time
 from dataclasses import dataclass, field
 
 from deepinfer.engine.allocators import OutOfPages, PageAllocator, SlotAllocator
@@ -123,14 +124,15 @@ class Scheduler:
         req.status = RequestStatus.WAITING
         self.waiting.append(req)
 
-    def abort(self, req: Request) -> None:
+    def abort(self, req: Request, reason: str = "abort") -> None:
+        """Remove req wherever it is and free its slot and pages at once."""
         if req.status == RequestStatus.WAITING:
             self.waiting.remove(req)
         elif req.status == RequestStatus.RUNNING:
             self.running.remove(req)
             self._release(req)
         if not req.is_finished:
-            req.status, req.finish_reason = RequestStatus.FINISHED, "abort"
+            req.status, req.finish_reason = RequestStatus.FINISHED, reason
 
     @property
     def has_unfinished(self) -> bool:
@@ -161,6 +163,8 @@ class Scheduler:
             if self.slots.num_free == 0 or not self._can_grow(req, n):
                 break  # FCFS: never skip the head of the queue
             req.slot = self.slots.allocate()
+            if req.first_scheduled_time is None:
+                req.first_scheduled_time = time.monotonic()
             self._grow(req, n)
             self.waiting.popleft()
             req.status = RequestStatus.RUNNING

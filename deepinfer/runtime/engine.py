@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import time
 from dataclasses import dataclass, field
 
 import jax
@@ -109,6 +110,14 @@ def size_pools(cfg: ModelConfig, ec: EngineConfig, dtype) -> Capacity:
     return Capacity(ec.max_num_seqs, specs, total, tokens, min(per_req, ec.max_num_seqs))
 
 
+class StepFailed(RuntimeError):
+    """A device step failed; ``failed`` are the requests that were in it (finished with reason "error")."""
+
+    def __init__(self, cause: Exception, failed: list[Request]):
+        super().__init__(f"engine step failed ({type(cause).__name__}: {cause}); {len(failed)} request(s) failed")
+        self.cause, self.failed = cause, failed
+
+
 class LLMEngine:
     def __init__(self, cfg: ModelConfig, params: dict, config: EngineConfig = EngineConfig()):
         self.cfg, self.params, self.config = cfg, params, config
@@ -136,7 +145,9 @@ class LLMEngine:
         self._seeds: dict[str, int] = {}
         self._ids = itertools.count()
         self.num_steps = 0
-        self._inflight: tuple[StepPlan, jax.Array, jax.Array] | None = None
+        self._inflight: tuple | None = None  # (plan, device outputs) of the step not yet read
+        self.updated: list[Request] = []  # requests whose outputs the last step() filled in
+        self.last_wait_s = 0.0
         c = self.capacity
         log.info(
             "KV capacity: %d tokens, %d requests of max_model_len %d; %d slots; pools %s; %.1f MiB",
@@ -148,6 +159,8 @@ class LLMEngine:
 
     def add_request(self, prompt_token_ids: list[int], sampling_params: SamplingParams | None = None, request_id: str | None = None) -> Request:
         sp = sampling_params or SamplingParams()
+        if sp.n != 1:
+            raise ValueError(f"LLMEngine runs one sequence per request: split n={sp.n} with SamplingParams.choices()")
         ids = [int(t) for t in prompt_token_ids]
         bad = [t for t in ids if not 0 <= t < self.cfg.vocab_size]
         if bad:
@@ -161,9 +174,17 @@ class LLMEngine:
         req.seed = self._seeds[rid]
         return req
 
-    def abort(self, req: Request) -> None:
-        self.scheduler.abort(req)
+    def abort(self, req: Request, reason: str = "abort") -> None:
+        """End req now (client gone, stop string seen, ...): its slot and pages are free at once.
+        A step already in flight for it still runs; its result is dropped."""
+        self.scheduler.abort(req, reason)
         self._seeds.pop(req.request_id, None)
+
+    def kv_usage(self) -> float:
+        """Fraction of the KV pages (all pools together) held by requests, in [0, 1]."""
+        pools = self.scheduler.pools.values()
+        total = sum(p.num_pages for p in pools)
+        return sum(p.num_pages - p.num_free for p in pools) / total if total else 0.0
 
     @property
     def has_unfinished(self) -> bool:
@@ -182,53 +203,103 @@ class LLMEngine:
         """Dispatch one step (asynchronous: returns device arrays)."""
         ints, floats = pack(plan, self.pools, shape, self.layout.num_slots, self._seeds)
         with CompileCounter() as counter:
-            tokens, logits, self.state = paged_step_jit(
+            tokens, logits, logprobs, self.state = paged_step_jit(
                 self.cfg, self.layout, shape, self.params, self.state, jnp.asarray(ints), jnp.asarray(floats)
             )
         self.num_compiles += counter.count
         self.compiled_shapes.add(shape)
-        return tokens, logits
+        for a in (tokens, *logprobs):
+            a.copy_to_host_async()  # start the device-to-host copy now, not when the host asks
+        return tokens, logits, logprobs
 
-    def _process(self, plan: StepPlan, tokens: jax.Array, logits: jax.Array) -> list[Request]:
+    def _process(self, plan: StepPlan, tokens: jax.Array, logits: jax.Array, logprobs: tuple) -> list[Request]:
         """Read a step's tokens (waits for that step only) and record them."""
+        t0 = time.perf_counter()
         tokens = np.asarray(tokens)
+        self.last_wait_s = time.perf_counter() - t0
         kept = np.asarray(logits) if self.config.keep_logits else None
+        wants_lp = any(r.sampling_params.logprobs is not None for r, _ in plan.scheduled)
+        lp = tuple(np.asarray(a) for a in logprobs) if wants_lp else None
         sampled = {}
         for i, (req, _) in enumerate(plan.scheduled):
             if plan.samples(req) and not req.is_finished:
                 sampled[req.request_id] = int(tokens[i])
+                self.updated.append(req)
                 if kept is not None:
                     req.logits.append(kept[i])
+                k = req.sampling_params.logprobs
+                if k is not None:
+                    req.token_logprobs[plan.outputs[req.request_id]] = (
+                        float(lp[0][i]), lp[1][i, :k].tolist(), lp[2][i, :k].tolist()
+                    )
         finished = self.scheduler.update(plan, sampled)
         for req in finished:
             self._seeds.pop(req.request_id, None)
             del req.logits[len(req.output_token_ids) :]  # logits of steps run past a stop
+            for index in [i for i in req.token_logprobs if i >= len(req.output_token_ids)]:
+                del req.token_logprobs[index]
         return finished
 
     def step(self) -> list[Request]:
-        """Schedule and dispatch one step; record the previous one (overlap) or this one. Returns finished requests."""
+        """Schedule and dispatch one step; record the previous one (overlap) or this one.
+        Returns the requests that finished; ``self.updated`` lists those that got tokens.
+
+        If the device step fails, the requests in the failing step(s) finish with reason
+        "error" (``req.error`` says why) and StepFailed is raised; every other request
+        is kept and replays from its tokens (the engine state is rebuilt)."""
+        self.updated = []
+        self.last_wait_s = 0.0  # time this step() waited for device results (the rest is host time)
         plan = self.scheduler.schedule()
         dispatched = None
-        if plan.scheduled:
-            dispatched = (plan, *self._run(plan, self._shape_for(plan)))
-            self.num_steps += 1
-        finished: list[Request] = []
-        if self.config.overlap:
-            if self._inflight is not None:
-                finished = self._process(*self._inflight)
-            self._inflight = dispatched
-        elif dispatched is not None:
-            finished = self._process(*dispatched)
+        try:
+            if plan.scheduled:
+                dispatched = (plan, *self._run(plan, self._shape_for(plan)))
+                self.num_steps += 1
+            finished: list[Request] = []
+            if self.config.overlap:
+                if self._inflight is not None:
+                    finished = self._process(*self._inflight)
+                self._inflight = dispatched
+            elif dispatched is not None:
+                finished = self._process(*dispatched)
+        except Exception as exc:
+            plans = [plan] + ([self._inflight[0]] if self._inflight is not None else [])
+            raise StepFailed(exc, self._recover(plans, exc)) from exc
         if dispatched is None and self._inflight is None and not finished and self.scheduler.has_unfinished:
             raise RuntimeError("scheduler made no progress: a request cannot fit the KV pools")
         return finished
 
-    def warmup(self) -> int:
-        """Compile the step for every (token bucket, row bucket) pair. Returns the number of programs."""
-        for t in self.token_buckets:
-            for r in self.row_buckets:
-                if r <= t:
-                    self._run(StepPlan(), PlanShape(t, r, self.max_pages))
+    def _recover(self, plans: list[StepPlan], exc: Exception) -> list[Request]:
+        """Fail the requests of the failing steps; the rest replay on a fresh state."""
+        self._inflight = None
+        failed = []
+        for plan in plans:
+            for req, _ in plan.scheduled:
+                if not req.is_finished:
+                    req.error = f"{type(exc).__name__}: {exc}"
+                    self.abort(req, "error")
+                    failed.append(req)
+        # The state may have been donated to the failed call: rebuild it, and make every
+        # request still running recompute (its outputs so far are kept; placeholders dropped).
+        for req in list(self.scheduler.running)[::-1]:
+            del req.output_token_ids[req.num_resolved :]
+            self.scheduler._preempt(req)
+        for req in self.scheduler.waiting:
+            del req.output_token_ids[req.num_resolved :]
+        self.state = init_paged_state(self.cfg, self.layout, self.dtype)
+        log.error("step failed (%s: %s); failed %d request(s), kept the others", type(exc).__name__, exc, len(failed))
+        return failed
+
+    def bucket_shapes(self) -> list[PlanShape]:
+        """Every step shape the engine can run: (token bucket, row bucket) pairs with rows <= tokens."""
+        return [PlanShape(t, r, self.max_pages) for t in self.token_buckets for r in self.row_buckets if r <= t]
+
+    def warmup(self, progress=None) -> int:
+        """Compile the step for every bucket shape (``progress(1)`` after each). Returns the number of programs."""
+        for shape in self.bucket_shapes():
+            self._run(StepPlan(), shape)
+            if progress is not None:
+                progress(1)
         return len(self.compiled_shapes)
 
     def run_until_done(self, progress=None) -> None:

@@ -13,7 +13,8 @@ from deepinfer.engine.plan import FLOAT_FIELDS_R, INT_FIELDS_R, INT_FIELDS_T, Pl
 from deepinfer.kv.paged_state import PagedLayout
 from deepinfer.models.deepseek_v4.model import lm_head, run_layers
 from deepinfer.models.deepseek_v4.paged_attention import FlatBatch, paged_attention
-from deepinfer.runtime.sampler import sample
+from deepinfer.engine.sampling_params import MAX_LOGPROBS
+from deepinfer.runtime.sampler import sample, token_logprobs
 
 
 def unpack(shape: PlanShape, pools: tuple[str, ...], ints: jax.Array, floats: jax.Array):
@@ -40,8 +41,9 @@ def paged_step(
     state: dict,
     ints: jax.Array,
     floats: jax.Array,
-) -> tuple[jax.Array, jax.Array, dict]:
-    """Returns (sampled tokens [R], logits [R, V] at each row's last token, new state).
+) -> tuple[jax.Array, jax.Array, tuple, dict]:
+    """Returns (sampled tokens [R], logits [R, V] at each row's last token,
+    (sampled logprob [R], top ids [R, K], top logprobs [R, K]), new state).
 
     Plan tokens of -1 are placeholders for a request's previous sampled token,
     read from ``state["last_token"][slot]``; this step's samples are written there.
@@ -73,12 +75,13 @@ def paged_step(
     last = jnp.clip(f["start"] + f["n_new"] - 1, 0, shape.num_tokens - 1)
     logits = lm_head(cfg, params, params["hc_head"], params["norm"], streams[0][last])
     sampled = sample(logits, f["length"] + f["n_new"], f["seed"], f["temperature"], f["top_k"], f["top_p"])
+    logprobs = token_logprobs(logits, sampled, (f["logprobs"] > 0) & (f["sample"] > 0), MAX_LOGPROBS)
     writes = jnp.where(f["sample"] > 0, f["slot"], last_token.shape[0])  # padding / mid-prompt rows: dropped
     new_state = {
         "layers": [aux["attn.state"] for aux in layers_aux],
         "last_token": last_token.at[writes].set(sampled, mode="drop"),
     }
-    return sampled, logits, new_state
+    return sampled, logits, logprobs, new_state
 
 
 # One program per static (config, layout, plan shape); the state is updated in place.

@@ -68,3 +68,24 @@ def sample(
 
     # An all-greedy batch skips the noise and filters entirely.
     return jax.lax.cond(jnp.all(temperature <= 0), lambda _: greedy, sampled, None)
+
+
+def token_logprobs(logits: jax.Array, sampled: jax.Array, wanted: jax.Array, k: int) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """Log-probabilities (log-softmax of the raw logits [B, V]) of the sampled tokens [B]
+    and the k most likely tokens per row: (sampled_lp [B], top_ids [B, k], top_lp [B, k]).
+
+    Computed only when some row asks (``wanted`` [B] bool); zeros otherwise.
+    """
+    b, vocab = logits.shape
+    k = min(k, vocab)
+
+    def compute(_):
+        logp = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
+        top_lp, top_ids = jax.lax.top_k(logp, k)
+        chosen = jnp.take_along_axis(logp, sampled[:, None], axis=-1)[:, 0]
+        return chosen, top_ids.astype(jnp.int32), top_lp
+
+    def skip(_):
+        return jnp.zeros((b,), jnp.float32), jnp.zeros((b, k), jnp.int32), jnp.zeros((b, k), jnp.float32)
+
+    return jax.lax.cond(jnp.any(wanted), compute, skip, None)

@@ -35,12 +35,12 @@ def _listing(kind: str, items: list[str]) -> str:
 
 
 def params_from_named_arrays(
-    cfg: ModelConfig, named: Mapping[str, Any], dtype: Any = jnp.float32, mtp: str = "auto"
+    cfg: ModelConfig, named: Mapping[str, Any], dtype: Any = jnp.float32, mtp: str = "auto", progress=None
 ) -> dict:
     """Build the parameter tree from ``{checkpoint name: array-like}``.
 
     ``named`` values only need ``.shape`` and ``np.asarray``-ability, and are read
-    lazily. ``mtp``: "auto" loads MTP blocks when the checkpoint has them,
+    lazily. ``progress(total, done)`` is called as tensors are converted. ``mtp``: "auto" loads MTP blocks when the checkpoint has them,
     "require" fails without them, "skip" ignores them.
     """
     if mtp not in ("auto", "require", "skip"):
@@ -116,7 +116,11 @@ def params_from_named_arrays(
     if problems:
         raise CheckpointError("checkpoint does not match the config: " + "; ".join(problems))
 
-    values = {path: _convert(path, whole[path], spec, dtype, cfg) for path, spec in specs.items()}
+    values = {}
+    for i, (path, spec) in enumerate(specs.items()):
+        values[path] = _convert(path, whole[path], spec, dtype, cfg)
+        if progress is not None:
+            progress(len(specs), i + 1)
     return unflatten_dotted(model_spec(cfg, include_mtp=include_mtp), values)
 
 
@@ -144,7 +148,7 @@ def _why_absent(cfg: ModelConfig, path: str) -> str:
     return "unknown tensor"
 
 
-def load_params(cfg: ModelConfig, directory: str | os.PathLike, dtype: Any = jnp.float32, mtp: str = "auto") -> dict:
+def load_params(cfg: ModelConfig, directory: str | os.PathLike, dtype: Any = jnp.float32, mtp: str = "auto", progress=None) -> dict:
     """Weights of a safetensors checkpoint directory, checked against ``cfg``."""
     named: dict[str, Any] = {}
     for f in open_checkpoint_files(directory):
@@ -152,13 +156,15 @@ def load_params(cfg: ModelConfig, directory: str | os.PathLike, dtype: Any = jnp
             if name in named:
                 raise CheckpointError(f"tensor {name} appears in more than one file")
             named[name] = _LazyTensor(f, name)
-    return params_from_named_arrays(cfg, named, dtype=dtype, mtp=mtp)
+    return params_from_named_arrays(cfg, named, dtype=dtype, mtp=mtp, progress=progress)
 
 
-def load_checkpoint(directory: str | os.PathLike, dtype: Any = jnp.float32, mtp: str = "auto") -> tuple[ModelConfig, dict]:
+def load_checkpoint(
+    directory: str | os.PathLike, dtype: Any = jnp.float32, mtp: str = "auto", progress=None
+) -> tuple[ModelConfig, dict]:
     """(config, params) from a Hugging Face style directory: config.json + safetensors."""
     cfg = ModelConfig.from_json_file(directory)
-    return cfg, load_params(cfg, directory, dtype=dtype, mtp=mtp)
+    return cfg, load_params(cfg, directory, dtype=dtype, mtp=mtp, progress=progress)
 
 
 class _LazyTensor:

@@ -1,0 +1,116 @@
+"""The model served when none is named: a tiny V4 with random weights and a byte-level tokenizer.
+
+Until a trained model ships with the project (its own issue), this gives the
+server and ``LLM()`` something real to run: every V4 layer type, a tokenizer
+(256 byte tokens + DeepSeek's special tokens, no merges, so any text encodes)
+and a chat template. Its text is noise — the weights are random (seed 0) — but
+it is the same noise on every machine. Built once into a cache folder in
+Hugging Face layout (config.json, model.safetensors, tokenizer.json,
+tokenizer_config.json); ``DEEPINFER_CACHE`` moves the cache.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+
+NAME = "deepinfer-tiny-random"
+VERSION = 2  # bump when what is built changes, so stale caches are rebuilt
+
+BOS, EOS, USER, ASSISTANT = "<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>", "<｜User｜>", "<｜Assistant｜>"
+SPECIAL_TOKENS = (BOS, EOS, USER, ASSISTANT)
+
+# DeepSeek's chat layout: BOS, system text, then <｜User｜>...<｜Assistant｜>... turns.
+CHAT_TEMPLATE = (
+    "{{ bos_token }}"
+    "{%- for message in messages %}"
+    "{%- if message['role'] == 'system' %}{{ message['content'] }}"
+    "{%- elif message['role'] == 'user' %}{{ '<｜User｜>' + message['content'] }}"
+    "{%- elif message['role'] == 'assistant' %}{{ '<｜Assistant｜>' + message['content'] + eos_token }}"
+    "{%- endif %}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{ '<｜Assistant｜>' }}{%- endif %}"
+)
+
+
+def _config() -> dict:
+    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    with open(os.path.join(here, "configs", "tiny_mixed.json"), encoding="utf-8") as f:
+        cfg = json.load(f)
+    cfg.update(vocab_size=260, max_position_embeddings=2048, bos_token_id=256, eos_token_id=257)
+    return cfg
+
+
+def build_tokenizer():
+    """Byte-level BPE without merges: ids 0-255 are bytes, 256-259 the special tokens."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
+    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet(), key=lambda c: _byte_of(c))
+    tok = Tokenizer(models.BPE(vocab={c: i for i, c in enumerate(alphabet)}, merges=[]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.add_special_tokens(list(SPECIAL_TOKENS))
+    return tok
+
+
+def _byte_of(char: str) -> int:
+    from deepinfer.engine.detokenizer import byte_decoder
+
+    return byte_decoder()[char]
+
+
+def cache_root() -> str:
+    """deepinfer's cache folder: $DEEPINFER_CACHE, else ~/.cache/deepinfer."""
+    return os.environ.get("DEEPINFER_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "deepinfer")
+
+
+def cache_dir() -> str:
+    return os.path.join(cache_root(), f"{NAME}-v{VERSION}")
+
+
+def ensure_default_model() -> str:
+    """The default model's folder, built on first use (atomically: a half-written one is never seen)."""
+    target = cache_dir()
+    if os.path.exists(os.path.join(target, "tokenizer_config.json")):
+        return target
+    os.makedirs(os.path.dirname(target), exist_ok=True)
+    tmp = tempfile.mkdtemp(prefix=".building-", dir=os.path.dirname(target))
+    try:
+        _write(tmp)
+        try:
+            os.rename(tmp, target)
+        except OSError:  # another process finished first
+            if not os.path.exists(os.path.join(target, "tokenizer_config.json")):
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return target
+
+
+def _write(directory: str) -> None:
+    import jax
+
+    from deepinfer.config import ModelConfig
+    from deepinfer.models.deepseek_v4 import model_spec
+    from deepinfer.models.deepseek_v4.loader import save_official
+    from deepinfer.params import init_params
+
+    cfg = ModelConfig.from_dict(_config())
+    params = init_params(model_spec(cfg, include_mtp=False), jax.random.key(0), "float32")
+    # Initialised weights give logits of std ~0.1: a near-uniform next-token distribution
+    # where greedy picks among near-ties. A 40x head makes it peaked (logit std ~4), so
+    # greedy output is decided by the model, not by rounding, and samples look like samples.
+    params["head"] = params["head"] * 40.0
+    save_official(cfg, params, directory)
+    tok = build_tokenizer()
+    if tok.token_to_id(BOS) != cfg.bos_token_id or tok.token_to_id(EOS) != cfg.eos_token_ids[0]:
+        raise AssertionError("special token ids disagree with the config")
+    tok.save(os.path.join(directory, "tokenizer.json"))
+    with open(os.path.join(directory, "tokenizer_config.json"), "w", encoding="utf-8") as f:
+        json.dump(
+            {"bos_token": BOS, "eos_token": EOS, "add_bos_token": False, "chat_template": CHAT_TEMPLATE,
+             "model_max_length": cfg.max_position_embeddings, "tokenizer_class": "PreTrainedTokenizerFast"},
+            f, indent=2, ensure_ascii=False,
+        )

@@ -1,0 +1,112 @@
+"""Incremental detokenization and stop strings, per request, on the host.
+
+Text is decoded a few tokens at a time (``prefix`` .. end) so a multi-byte
+character split across tokens is only emitted once it is whole, and decoding
+stays O(new tokens) per step. Stop strings are searched in the text as it
+grows, so they match across token boundaries; the text is cut before the stop
+string. While streaming, the last ``len(longest stop) - 1`` characters are held
+back (they might be the start of a stop string) and released at the end.
+
+The tokenizer is a ``tokenizers.Tokenizer``; nothing here imports JAX.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+REPLACEMENT = "\ufffd"  # what decoding yields for an incomplete UTF-8 sequence
+
+
+@dataclass
+class TextDelta:
+    text: str  # new text that may be shown now
+    num_tokens: int  # output tokens covered so far (through the one that completed a stop string)
+    stop: str | None = None  # the stop string that ended the output, if one did
+
+
+class IncrementalDetokenizer:
+    def __init__(self, tokenizer, stop: list[str] = (), skip_special_tokens: bool = True):
+        self.tokenizer = tokenizer
+        self.stop = list(stop)
+        self.skip_special_tokens = skip_special_tokens
+        self.holdback = max((len(s) for s in self.stop), default=1) - 1
+        self.ids: list[int] = []
+        self.text = ""  # decoded output so far (cut at a stop string once one is seen)
+        self.emitted = 0  # characters of self.text already handed out
+        self._prefix = 0  # ids[_prefix:_read] decode to text already counted
+        self._read = 0
+        self.stopped: str | None = None
+
+    def _decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=self.skip_special_tokens)
+
+    def add(self, new_ids: list[int]) -> TextDelta:
+        """Feed new output tokens; returns the text that can be shown now."""
+        if self.stopped is not None:
+            return TextDelta("", len(self.ids), self.stopped)
+        for token in new_ids:
+            self.ids.append(token)
+            before = self._decode(self.ids[self._prefix : self._read])
+            after = self._decode(self.ids[self._prefix :])
+            if after.endswith(REPLACEMENT):
+                continue  # an unfinished character: wait for its next bytes
+            grown = len(self.text)
+            self.text += after[len(before) :]
+            self._prefix, self._read = self._read, len(self.ids)
+            if self._find_stop(grown):
+                return self._flush(len(self.ids))
+        visible = max(self.emitted, len(self.text) - self.holdback)
+        delta, self.emitted = self.text[self.emitted : visible], visible
+        return TextDelta(delta, len(self.ids))
+
+    def finish(self) -> TextDelta:
+        """The output ended (length, EOS, ...): release held-back text and any unfinished character."""
+        if self.stopped is not None:
+            return TextDelta("", len(self.ids), self.stopped)
+        tail = self._decode(self.ids[self._prefix :])
+        before = self._decode(self.ids[self._prefix : self._read])
+        grown = len(self.text)
+        self.text += tail[len(before) :]
+        self._read = len(self.ids)
+        self._find_stop(grown)
+        return self._flush(len(self.ids))
+
+    def _find_stop(self, grown: int) -> bool:
+        """Search for a stop string in text that reaches into what was just added."""
+        best = None
+        for s in self.stop:
+            j = self.text.find(s, max(0, grown - len(s) + 1))
+            if j >= 0 and (best is None or j < best[0]):
+                best = (j, s)
+        if best is None:
+            return False
+        self.text = self.text[: best[0]]
+        self.stopped = best[1]
+        return True
+
+    def _flush(self, num_tokens: int) -> TextDelta:
+        delta, self.emitted = self.text[self.emitted :], len(self.text)
+        return TextDelta(delta, num_tokens, self.stopped)
+
+
+def byte_decoder() -> dict[str, int]:
+    """The byte-level BPE alphabet (GPT-2 style): printable stand-in character -> byte."""
+    visible = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    chars, extra = {}, 0
+    for b in range(256):
+        if b in visible:
+            chars[chr(b)] = b
+        else:
+            chars[chr(256 + extra)] = b
+            extra += 1
+    return chars
+
+
+def token_bytes(tokenizer, token_id: int, decoder: dict[str, int]) -> bytes:
+    """The bytes a token stands for (byte-level vocabularies), else its UTF-8 text."""
+    piece = tokenizer.id_to_token(token_id)
+    if piece is None:
+        return b""
+    if all(c in decoder for c in piece):
+        return bytes(decoder[c] for c in piece)
+    return piece.encode("utf-8")

@@ -1,0 +1,152 @@
+"""`python -m deepinfer.serve`: an OpenAI-compatible HTTP server for a DeepSeek-V4 checkpoint.
+
+With no --model it serves the built-in tiny random model (deepinfer.default_model):
+real tokenizer and chat template, random weights — for trying the API, not for
+reading its answers. Endpoints: /v1/completions, /v1/chat/completions,
+/v1/models, /tokenize, /detokenize, /health, /metrics (Prometheus), /debug/engine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+import time
+
+log = logging.getLogger("deepinfer.serve")
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m deepinfer.serve", description=__doc__,
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--model", default=None, help="checkpoint directory (config.json + safetensors + tokenizer files); "
+                   "default: the built-in tiny random model")
+    p.add_argument("--served-model-name", default=None, help="the name clients use in 'model' (default: the folder name)")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (loopback by default)")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--api-key", default=os.environ.get("DEEPINFER_API_KEY"),
+                   help="require 'Authorization: Bearer KEY' on /v1 and the token endpoints (env DEEPINFER_API_KEY)")
+    p.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
+    p.add_argument("--max-model-len", type=int, default=None, help="longest prompt + output (default: min(model limit, 4096))")
+    p.add_argument("--max-num-seqs", type=int, default=16, help="sequences in the running batch")
+    p.add_argument("--max-num-batched-tokens", type=int, default=256, help="tokens per engine step (prefill chunks + decodes)")
+    p.add_argument("--kv-memory", default=None,
+                   help="KV cache budget, e.g. 512MiB or 2GiB (default: room for max-num-seqs requests of max-model-len)")
+    p.add_argument("--max-waiting", type=int, default=256, help="sequences allowed to queue beyond the batch; more get 503")
+    p.add_argument("--max-body-bytes", type=int, default=1 << 20, help="largest request body; larger gets 413")
+    p.add_argument("--no-overlap", action="store_true", help="wait for each step before planning the next (debugging)")
+    p.add_argument("--shutdown-timeout", type=float, default=30.0, help="seconds in-flight requests get to finish on SIGINT/SIGTERM")
+    p.add_argument("--compile-cache", default=os.environ.get("DEEPINFER_COMPILE_CACHE", "auto"),
+                   help="JAX persistent compilation cache folder ('auto': <DEEPINFER_CACHE or ~/.cache/deepinfer>/jax; "
+                   "'off' to disable); a warm cache makes restarts skip compilation")
+    p.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
+    return p.parse_args(argv)
+
+
+def parse_bytes(text: str) -> int:
+    units = {"kib": 2**10, "mib": 2**20, "gib": 2**30, "kb": 10**3, "mb": 10**6, "gb": 10**9, "b": 1, "": 1}
+    t = text.strip().lower()
+    num = t.rstrip("abcdefghijklmnopqrstuvwxyz")
+    unit = t[len(num):]
+    if unit not in units or not num:
+        raise ValueError(f"--kv-memory: cannot read {text!r} (examples: 512MiB, 2GiB, 1000000)")
+    return int(float(num) * units[unit])
+
+
+def build_state(args: argparse.Namespace):
+    """Load the model, build and warm the engine. Returns the ServerState."""
+    import jax
+    from tqdm.auto import tqdm
+
+    from deepinfer.default_model import NAME as DEFAULT_NAME
+    from deepinfer.default_model import ensure_default_model
+    from deepinfer.models.deepseek_v4 import model_spec
+    from deepinfer.models.deepseek_v4.loader import load_checkpoint
+    from deepinfer.params import count_params
+    from deepinfer.runtime.engine import EngineConfig, LLMEngine
+    from deepinfer.serve.api import ServerState
+    from deepinfer.serve.async_engine import AsyncEngine
+    from deepinfer.serve.metrics import ServerMetrics
+    from deepinfer.tokenizer import TextTokenizer
+
+    if args.compile_cache != "off":
+        from deepinfer.default_model import cache_root
+
+        path = os.path.join(cache_root(), "jax") if args.compile_cache == "auto" else args.compile_cache
+        jax.config.update("jax_compilation_cache_dir", path)
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.2)
+        log.info("JAX compilation cache: %s", path)
+    model_dir = args.model or ensure_default_model()
+    name = args.served_model_name or (DEFAULT_NAME if args.model is None else os.path.basename(os.path.normpath(model_dir)))
+    t0 = time.perf_counter()
+    bar = tqdm(desc="Loading weights", unit="tensor", leave=False, disable=None)  # None: off when not a terminal
+
+    def progress(total, done):
+        bar.total = total
+        bar.n = done
+        bar.refresh()
+
+    cfg, params = load_checkpoint(model_dir, dtype=args.dtype, mtp="skip", progress=progress)
+    bar.close()
+    tokenizer = TextTokenizer.from_dir(model_dir)
+    n_params = count_params(model_spec(cfg, include_mtp=False))
+    log.info("model %s (%s): %s parameters, %s, %d layers (%s), loaded in %.1f s on %s",
+             name, model_dir, f"{n_params:,}", args.dtype, cfg.num_hidden_layers,
+             ", ".join(sorted(set(cfg.layer_types))), time.perf_counter() - t0, jax.devices()[0].platform)
+    if tokenizer is None:
+        log.warning("no tokenizer.json in %s: only token-id prompts will work", model_dir)
+    max_len = args.max_model_len or min(cfg.max_position_embeddings, 4096)
+    if max_len > cfg.max_position_embeddings:
+        raise ValueError(f"--max-model-len {max_len} exceeds the model's max_position_embeddings {cfg.max_position_embeddings}")
+    ec = EngineConfig(
+        max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens, max_model_len=max_len,
+        kv_memory_bytes=parse_bytes(args.kv_memory) if args.kv_memory else None, overlap=not args.no_overlap,
+    )
+    engine = LLMEngine(cfg, params, ec)
+    shapes = engine.bucket_shapes()
+    t1 = time.perf_counter()
+    with tqdm(total=len(shapes), desc="Compiling step programs", unit="program", leave=False, disable=None) as wbar:
+        engine.warmup(progress=wbar.update)
+    log.info("compiled %d step programs in %.1f s: token buckets %s x row buckets %s",
+             len(engine.compiled_shapes), time.perf_counter() - t1, list(engine.token_buckets), list(engine.row_buckets))
+    metrics = ServerMetrics(name)
+    return ServerState(
+        engine=AsyncEngine(engine, metrics), tokenizer=tokenizer, model_name=name, vocab_size=cfg.vocab_size,
+        max_model_len=max_len, max_num_seqs=args.max_num_seqs, max_waiting=args.max_waiting, metrics=metrics,
+        api_key=args.api_key, max_body_bytes=args.max_body_bytes, aliases=(model_dir,),
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    import contextlib
+
+    import uvicorn
+
+    from deepinfer.serve.api import build_app
+
+    try:
+        state = build_state(args)
+    except (OSError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app):
+        state.engine.start()
+        log.info("serving %s on http://%s:%d", state.model_name, args.host, args.port)
+        yield
+        log.info("shutting down: stopping the engine loop")
+        state.engine.stop()
+
+    app = build_app(state, lifespan=lifespan)
+    config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
+                            timeout_graceful_shutdown=args.shutdown_timeout, access_log=False)
+    uvicorn.Server(config).run()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

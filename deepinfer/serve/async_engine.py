@@ -1,0 +1,216 @@
+"""The engine loop in its own thread, and an asyncio face for the HTTP handlers.
+
+Only the engine thread touches the LLMEngine. Handlers send commands (add,
+abort) through a thread-safe queue; the thread drains them between steps, runs
+a step whenever there is work, and pushes each request's new tokens into that
+request's asyncio queue (``loop.call_soon_threadsafe``). Detokenization, stop
+strings and response formatting happen on the asyncio side, so the engine
+thread only schedules and steps.
+
+A failing step fails the requests in it (their streams get the error) and the
+loop goes on serving; bad input is rejected by the handlers before it gets here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import queue
+import threading
+import time
+from dataclasses import dataclass, field
+
+from deepinfer.engine.output import TokenLogprobs, take_new
+from deepinfer.engine.sampling_params import SamplingParams
+from deepinfer.runtime.engine import LLMEngine, StepFailed
+
+log = logging.getLogger("deepinfer.serve")
+
+
+@dataclass
+class Update:
+    """New output of one sequence, as the engine thread saw it."""
+
+    token_ids: list[int]
+    logprobs: list[TokenLogprobs | None]
+    finish_reason: str | None = None
+    error: str | None = None
+    time: float = 0.0
+    first_scheduled_time: float | None = None
+
+
+@dataclass
+class _Stream:
+    loop: asyncio.AbstractEventLoop
+    queue: asyncio.Queue
+    req: object | None = None
+    sent: int = 0
+
+    def push(self, update: Update) -> None:
+        self.loop.call_soon_threadsafe(self.queue.put_nowait, update)
+
+
+@dataclass
+class Snapshot:
+    """Engine state for metrics and /debug, refreshed by the engine thread."""
+
+    running: int = 0
+    waiting: int = 0
+    kv_usage: float = 0.0
+    pages_used: dict[str, int] = field(default_factory=dict)
+    slots_used: int = 0
+    num_preemptions: int = 0
+
+
+class AsyncEngine:
+    def __init__(self, engine: LLMEngine, metrics=None):
+        self.engine = engine
+        self.metrics = metrics
+        self._cmds: queue.SimpleQueue = queue.SimpleQueue()
+        self._wake = threading.Event()
+        self._streams: dict[str, _Stream] = {}  # engine thread only
+        self._thread: threading.Thread | None = None
+        self._stopping = False
+        self.snapshot = Snapshot()
+        self._preemptions_seen = 0
+        self.in_system = 0  # sequences submitted and not yet finished (asyncio side)
+
+    # -- asyncio side ------------------------------------------------------------
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="deepinfer-engine", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout: float = 30.0) -> None:
+        """Fail what is still in flight ("server shutting down") and end the thread."""
+        self._stopping = True
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    @property
+    def alive(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    async def generate(self, request_id: str, prompt_ids: list[int], sp: SamplingParams):
+        """Yield Updates for one sequence until it finishes. Leaving early (client gone,
+        stop string) aborts it in the engine, which frees its pages at once."""
+        loop = asyncio.get_running_loop()
+        stream = _Stream(loop, asyncio.Queue())
+        self.in_system += 1
+        self._send(("add", request_id, prompt_ids, sp, stream))
+        done = False
+        try:
+            while not done:
+                update = await stream.queue.get()
+                done = update.finish_reason is not None or update.error is not None
+                yield update
+        finally:
+            self.in_system -= 1
+            if not done:
+                self.abort(request_id)
+
+    def abort(self, request_id: str, reason: str = "abort") -> None:
+        self._send(("abort", request_id, reason))
+
+    def _send(self, cmd) -> None:
+        self._cmds.put(cmd)
+        self._wake.set()
+
+    # -- engine thread -------------------------------------------------------------
+
+    def _run(self) -> None:
+        engine = self.engine
+        while True:
+            self._drain()
+            if self._stopping:
+                self._fail_all("the server is shutting down")
+                return
+            if not engine.has_unfinished:
+                self._refresh()
+                self._wake.wait(0.5)
+                self._wake.clear()
+                continue
+            t0 = time.perf_counter()
+            try:
+                finished = engine.step()
+            except StepFailed as e:
+                for req in e.failed:
+                    self._finish_stream(req, error=f"engine step failed: {req.error}")
+                continue
+            except Exception as e:  # a host-side bug: fail everything in flight, keep serving
+                log.exception("engine loop error")
+                self._fail_all(f"engine error: {type(e).__name__}: {e}")
+                continue
+            if self.metrics is not None:
+                total = time.perf_counter() - t0
+                self.metrics.step_host_time.observe(total - engine.last_wait_s)
+                self.metrics.step_wait_time.observe(engine.last_wait_s)
+                self.metrics.num_steps.inc()
+            now = time.monotonic()
+            for req in {id(r): r for r in engine.updated + finished}.values():
+                stream = self._streams.get(req.request_id)
+                if stream is None:
+                    continue
+                ids, lps, reason = take_new(req, stream.sent)
+                stream.sent += len(ids)
+                if ids or reason:
+                    stream.push(Update(ids, lps, reason, None, now, req.first_scheduled_time))
+                if reason:
+                    del self._streams[req.request_id]
+            self._refresh()
+
+    def _drain(self) -> None:
+        while True:
+            try:
+                cmd = self._cmds.get_nowait()
+            except queue.Empty:
+                return
+            if cmd[0] == "add":
+                _, rid, ids, sp, stream = cmd
+                try:
+                    stream.req = self.engine.add_request(ids, sp, request_id=rid)
+                except Exception as e:  # the handlers validate first; this is the last line
+                    stream.push(Update([], [], None, f"{type(e).__name__}: {e}", time.monotonic()))
+                    continue
+                self._streams[rid] = stream
+            elif cmd[0] == "abort":
+                _, rid, reason = cmd
+                stream = self._streams.pop(rid, None)
+                if stream is not None and stream.req is not None and not stream.req.is_finished:
+                    self.engine.abort(stream.req, reason)
+
+    def _finish_stream(self, req, error: str) -> None:
+        stream = self._streams.pop(req.request_id, None)
+        if stream is not None:
+            stream.push(Update([], [], None, error, time.monotonic()))
+
+    def _fail_all(self, error: str) -> None:
+        for rid, stream in list(self._streams.items()):
+            if stream.req is not None and not stream.req.is_finished:
+                try:
+                    self.engine.abort(stream.req, "error")
+                except Exception:  # keep failing the others
+                    log.exception("abort failed for %s", rid)
+            stream.push(Update([], [], None, error, time.monotonic()))
+        self._streams.clear()
+
+    def _refresh(self) -> None:
+        sched = self.engine.scheduler
+        snap = Snapshot(
+            running=len(sched.running),
+            waiting=len(sched.waiting),
+            kv_usage=self.engine.kv_usage(),
+            pages_used={name: p.num_pages - p.num_free for name, p in sched.pools.items()},
+            slots_used=sched.slots.num_slots - sched.slots.num_free,
+            num_preemptions=sched.num_preemptions,
+        )
+        self.snapshot = snap
+        m = self.metrics
+        if m is not None:
+            m.num_requests_running.set(snap.running)
+            m.num_requests_waiting.set(snap.waiting)
+            m.kv_cache_usage_perc.set(snap.kv_usage)
+            m.kv_pages_used.set(sum(snap.pages_used.values()))
+            m.num_preemptions.inc(snap.num_preemptions - self._preemptions_seen)
+            self._preemptions_seen = snap.num_preemptions

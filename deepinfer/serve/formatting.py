@@ -1,0 +1,69 @@
+"""OpenAI response shapes: choices, log-probabilities, usage, SSE lines."""
+
+from __future__ import annotations
+
+import json
+
+from deepinfer.engine.detokenizer import byte_decoder, token_bytes
+from deepinfer.engine.output import TokenLogprobs
+
+
+def sse(obj) -> str:
+    return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n"
+
+
+SSE_DONE = "data: [DONE]\n\n"
+
+
+class TokenText:
+    """Token id -> (text, bytes) for log-probability listings, cached."""
+
+    def __init__(self, tokenizer):
+        self.tokenizer = tokenizer  # a tokenizers.Tokenizer, or None (ids are shown as "token_id:N")
+        self._decoder = byte_decoder()
+        self._cache: dict[int, tuple[str, list[int]]] = {}
+
+    def __call__(self, token_id: int) -> tuple[str, list[int]]:
+        if token_id not in self._cache:
+            if self.tokenizer is None:
+                self._cache[token_id] = (f"token_id:{token_id}", [])
+            else:
+                raw = token_bytes(self.tokenizer, token_id, self._decoder)
+                self._cache[token_id] = (raw.decode("utf-8", errors="replace"), list(raw))
+        return self._cache[token_id]
+
+
+def completion_logprobs(token_ids: list[int], lps: list[TokenLogprobs | None], text_of: TokenText, offset: int) -> dict:
+    """The legacy completions ``logprobs`` object for a run of tokens starting at text offset ``offset``."""
+    out = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
+    for token, lp in zip(token_ids, lps):
+        text = text_of(token)[0]
+        out["tokens"].append(text)
+        out["token_logprobs"].append(lp[0] if lp else None)
+        out["top_logprobs"].append({text_of(t)[0]: v for t, v in zip(lp[1], lp[2])} if lp else None)
+        out["text_offset"].append(offset)
+        offset += len(text)
+    return out
+
+
+def chat_logprobs(token_ids: list[int], lps: list[TokenLogprobs | None], text_of: TokenText) -> dict:
+    content = []
+    for token, lp in zip(token_ids, lps):
+        text, raw = text_of(token)
+        content.append({
+            "token": text,
+            "logprob": lp[0] if lp else None,
+            "bytes": raw,
+            "top_logprobs": [
+                {"token": text_of(t)[0], "logprob": v, "bytes": text_of(t)[1]} for t, v in zip(lp[1], lp[2])
+            ] if lp else [],
+        })
+    return {"content": content}
+
+
+def usage(prompt_tokens: int, completion_tokens: int) -> dict:
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+    }

@@ -1,0 +1,53 @@
+"""Prometheus metrics with vLLM's meanings under a ``deepinfer:`` prefix.
+
+Each server owns its registry (no module globals), so several servers (or tests)
+in one process do not share counters.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+_LATENCY_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0)
+_STEP_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0)
+
+
+class ServerMetrics:
+    def __init__(self, model_name: str):
+        self.registry = CollectorRegistry()
+        labels = ("model_name",)
+        r = self.registry
+
+        def gauge(name, doc):
+            return Gauge(f"deepinfer:{name}", doc, labels, registry=r).labels(model_name)
+
+        def counter(name, doc):
+            return Counter(f"deepinfer:{name}", doc, labels, registry=r).labels(model_name)
+
+        def hist(name, doc, buckets=_LATENCY_BUCKETS):
+            return Histogram(f"deepinfer:{name}", doc, labels, buckets=buckets, registry=r).labels(model_name)
+
+        self.num_requests_running = gauge("num_requests_running", "Requests in the running batch (sequences; n > 1 counts each choice).")
+        self.num_requests_waiting = gauge("num_requests_waiting", "Requests waiting to be scheduled.")
+        self.kv_cache_usage_perc = gauge("kv_cache_usage_perc", "Fraction of KV pages in use, 0 to 1.")
+        self.kv_pages_used = gauge("kv_pages_used", "KV pages held by requests (all pools).")
+        self.num_preemptions = counter("num_preemptions", "Requests preempted (recompute) so far.")
+        self.prompt_tokens = counter("prompt_tokens", "Prompt tokens of admitted requests.")
+        self.generation_tokens = counter("generation_tokens", "Generated tokens sent to clients.")
+        self._success = Counter(
+            "deepinfer:request_success", "Finished requests by finish reason.", ("model_name", "finished_reason"), registry=r
+        )
+        self.model_name = model_name
+        self.time_to_first_token = hist("time_to_first_token_seconds", "Arrival to first generated token.")
+        self.inter_token_latency = hist("inter_token_latency_seconds", "Time between successive generated tokens.")
+        self.e2e_request_latency = hist("e2e_request_latency_seconds", "Arrival to the last token.")
+        self.request_queue_time = hist("request_queue_time_seconds", "Arrival to first scheduled.")
+        self.step_host_time = hist("step_host_seconds", "Host time per engine step (schedule, pack, dispatch, process).", _STEP_BUCKETS)
+        self.step_wait_time = hist("step_wait_seconds", "Per step, time the host waited for device results.", _STEP_BUCKETS)
+        self.num_steps = counter("engine_steps", "Engine steps run.")
+
+    def finished(self, reason: str) -> None:
+        self._success.labels(self.model_name, reason).inc()
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

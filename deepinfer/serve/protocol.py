@@ -1,0 +1,151 @@
+"""Request models of the OpenAI API (pydantic), and their translation to SamplingParams.
+
+Unknown fields are rejected (a typo is not silently ignored); fields of the
+OpenAI API that deepinfer does not implement yet are rejected by name with the
+reason, unless they carry their neutral value (e.g. ``presence_penalty: 0``).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from deepinfer.engine.sampling_params import SamplingParams
+from deepinfer.serve.errors import bad_request
+
+# field -> the value that means "off" (accepted), for fields not implemented yet
+NOT_YET = {
+    "presence_penalty": 0, "frequency_penalty": 0, "repetition_penalty": 1, "logit_bias": None,
+    "min_p": 0, "min_tokens": 0, "prompt_logprobs": None, "best_of": 1, "echo": False, "suffix": None,
+    "response_format": None, "guided_json": None, "guided_regex": None, "guided_grammar": None,
+    "guided_choice": None, "tools": None, "tool_choice": "none", "functions": None, "function_call": None,
+    "parallel_tool_calls": None, "audio": None, "modalities": None, "prediction": None,
+    "reasoning_effort": None, "web_search_options": None, "service_tier": None, "store": None, "metadata": None,
+}
+_REASON = {
+    "response_format": "structured output arrives with its own issue",
+    "guided_json": "structured output arrives with its own issue",
+    "guided_regex": "structured output arrives with its own issue",
+    "guided_grammar": "structured output arrives with its own issue",
+    "guided_choice": "structured output arrives with its own issue",
+}
+
+
+def check_not_yet(raw: dict[str, Any]) -> None:
+    """400 naming every field that is set to something deepinfer cannot honour yet."""
+    bad = []
+    for key, neutral in NOT_YET.items():
+        if key not in raw or raw[key] is None or raw[key] == neutral:
+            continue
+        if key == "response_format" and isinstance(raw[key], dict) and raw[key].get("type") == "text":
+            continue
+        if key == "best_of" and raw[key] == raw.get("n", 1):
+            continue
+        bad.append(key)
+    if bad:
+        reasons = {_REASON.get(k, "not implemented yet") for k in bad}
+        raise bad_request(f"unsupported field(s) {', '.join(bad)}: {'; '.join(sorted(reasons))}", bad[0])
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class StreamOptions(_Strict):
+    include_usage: bool = False
+    continuous_usage_stats: bool = False
+
+
+class _Sampling(_Strict):
+    model: str | None = None
+    n: int = 1
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    stop_token_ids: list[int] | None = None
+    ignore_eos: bool = False
+    skip_special_tokens: bool = True
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    user: str | None = None
+    # accepted so the neutral value passes; anything else is refused by check_not_yet
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    repetition_penalty: float | None = None
+    logit_bias: dict[str, float] | None = None
+    min_p: float | None = None
+    min_tokens: int | None = None
+    prompt_logprobs: int | None = None
+    best_of: int | None = None
+
+    def sampling_params(self, max_tokens: int, logprobs: int | None) -> SamplingParams:
+        stop = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
+        try:
+            return SamplingParams(
+                n=self.n,
+                temperature=1.0 if self.temperature is None else self.temperature,
+                top_p=1.0 if self.top_p is None else self.top_p,
+                top_k=-1 if self.top_k is None else self.top_k,
+                seed=self.seed,
+                max_tokens=max_tokens,
+                stop=stop,
+                stop_token_ids=list(self.stop_token_ids or []),
+                ignore_eos=self.ignore_eos,
+                logprobs=logprobs,
+                skip_special_tokens=self.skip_special_tokens,
+            )
+        except ValueError as e:
+            raise bad_request(str(e), str(e).split(" ", 1)[0]) from None
+
+
+class CompletionRequest(_Sampling):
+    prompt: str | list[str] | list[int] | list[list[int]]
+    max_tokens: int | None = 16
+    logprobs: int | None = None
+    echo: bool | None = None
+    suffix: str | None = None
+
+
+class ContentPart(_Strict):
+    type: Literal["text"]
+    text: str
+
+
+class ChatMessage(BaseModel):
+    model_config = ConfigDict(extra="allow")  # e.g. "name", "tool_calls": checked by role below
+    role: str
+    content: str | list[ContentPart] | None = None
+    name: str | None = None
+
+
+class ChatCompletionRequest(_Sampling):
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_tokens: int | None = None
+    max_completion_tokens: int | None = None
+    logprobs: bool = False
+    top_logprobs: int | None = None
+    add_generation_prompt: bool = True
+    response_format: dict[str, Any] | None = None
+    tools: list[Any] | None = None
+    tool_choice: Any = None
+    functions: list[Any] | None = None
+    function_call: Any = None
+    parallel_tool_calls: bool | None = None
+    store: bool | None = None
+    metadata: dict[str, Any] | None = None
+
+
+class TokenizeRequest(_Strict):
+    model: str | None = None
+    prompt: str | None = None
+    messages: list[ChatMessage] | None = None
+    add_special_tokens: bool = True
+    add_generation_prompt: bool = True
+
+
+class DetokenizeRequest(_Strict):
+    model: str | None = None
+    tokens: list[int]
