@@ -8,7 +8,7 @@ import pytest
 from deepinfer import SamplingParams
 from deepinfer.runtime.engine import EngineConfig, LLMEngine
 from tests.reference import load_case
-from tests.test_engine import ENGINE_KW, MAX_TOKENS, alone, drain, workload
+from tests.engine_cases import ENGINE_KW, MAX_TOKENS, alone, drain, workload
 
 STOP_IDS = [10, 41, 63, 51]  # tokens these random weights produce often: stops at varied steps
 

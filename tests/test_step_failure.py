@@ -7,7 +7,7 @@ import pytest
 from deepinfer import SamplingParams
 from deepinfer.runtime.engine import EngineConfig, LLMEngine, StepFailed
 from tests.reference import load_case
-from tests.test_engine import ENGINE_KW, MAX_TOKENS, drain, reference_streams  # noqa: F401  (fixture)
+from tests.engine_cases import ENGINE_KW, MAX_TOKENS, drain
 
 
 class FaultyEngine(LLMEngine):

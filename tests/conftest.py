@@ -1,0 +1,13 @@
+"""Fixtures shared by several test modules."""
+
+import pytest
+
+from tests.engine_cases import MAX_TOKENS, alone, workload
+from tests.reference import load_case
+
+
+@pytest.fixture(scope="module")
+def reference_streams():
+    case = load_case("mixed")
+    prompts = workload(case.cfg.vocab_size)
+    return prompts, [alone(case, p, m) for p, m in zip(prompts, MAX_TOKENS)]
