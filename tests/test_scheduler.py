@@ -206,7 +206,7 @@ def test_pack_layout():
     s = make(budget=16)
     s.add_request(req("a", 5, temperature=0.5, top_k=3, seed=11))
     run_step(s)
-    s.add_request(req("b", 6, seed=12))
+    s.add_request(req("b", 6, seed=12, logit_bias={9: 2.5}, presence_penalty=0.5))
     plan = s.schedule()
     shape = PlanShape(num_tokens=16, num_rows=4, max_pages=(8, 4))
     ints, floats = pack(plan, s.config.pools, shape, num_slots=4, seeds={"a": 11, "b": 12})
@@ -214,14 +214,19 @@ def test_pack_layout():
     tokens, positions, token_row, valid = ints[:t], ints[t : 2 * t], ints[2 * t : 3 * t], ints[3 * t : 4 * t]
     assert tokens[:7].tolist() == [7, 2, 3, 4, 5, 6, 7] and valid.tolist() == [1] * 7 + [0] * 9
     assert positions[:7].tolist() == [5, 0, 1, 2, 3, 4, 5] and token_row[:7].tolist() == [0, 1, 1, 1, 1, 1, 1]
-    rows = ints[4 * t : 4 * t + 7 * r].reshape(7, r)
-    slot, length, n_new, start, sample, seed, top_k = rows
+    rows = ints[4 * t : 4 * t + 9 * r].reshape(9, r)
+    slot, length, n_new, start, sample, seed, top_k, logprobs, prompt_len = rows
     assert slot.tolist() == [0, 1, 4, 4] and length[:2].tolist() == [5, 0] and n_new[:2].tolist() == [1, 6]
     assert start[:2].tolist() == [0, 1] and sample[:2].tolist() == [1, 1] and seed[:2].tolist() == [11, 12]
-    assert top_k[:2].tolist() == [3, 0]
-    csa_table = ints[4 * t + 7 * r : 4 * t + 7 * r + 8 * r].reshape(r, 8)
+    assert top_k[:2].tolist() == [3, 0] and prompt_len[:2].tolist() == [5, 6] and logprobs[:2].tolist() == [0, 0]
+    at = 4 * t + 9 * r
+    csa_table = ints[at : at + 8 * r].reshape(r, 8)
     assert csa_table[0, 0] == plan.scheduled[0][0].pages["csa"][0] and csa_table[2].tolist() == [32] * 8
-    np.testing.assert_allclose(floats, [0.5, 1.0, 0.0, 0.0, 1.0, 1.0, 1.0, 1.0])
+    bias_ids = ints[at + 8 * r + 4 * r :].reshape(r, -1)
+    assert bias_ids[1, :2].tolist() == [9, 0] and (bias_ids[0] == 0).all()  # vocab_size 0 here: unused slots
+    flo = floats[: 6 * r].reshape(6, r)  # temperature, top_p, min_p, repetition, presence, frequency
+    np.testing.assert_allclose(flo[:, :2], [[0.5, 1.0], [1.0, 1.0], [0.0, 0.0], [1.0, 1.0], [0.0, 0.5], [0.0, 0.0]])
+    assert floats[6 * r :].reshape(r, -1)[1, 0] == 2.5
 
 
 def test_pools_too_small_for_one_request_are_refused_at_construction():

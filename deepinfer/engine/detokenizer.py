@@ -25,8 +25,9 @@ class TextDelta:
 
 
 class IncrementalDetokenizer:
-    def __init__(self, tokenizer, stop: list[str] = (), skip_special_tokens: bool = True):
+    def __init__(self, tokenizer, stop: list[str] = (), skip_special_tokens: bool = True, min_tokens: int = 0):
         self.tokenizer = tokenizer
+        self.min_tokens = min_tokens  # stop strings count only once this many tokens exist (vLLM)
         self.stop = list(stop)
         self.skip_special_tokens = skip_special_tokens
         self.holdback = max((len(s) for s in self.stop), default=1) - 1
@@ -73,6 +74,8 @@ class IncrementalDetokenizer:
 
     def _find_stop(self, grown: int) -> bool:
         """Search for a stop string in text that reaches into what was just added."""
+        if len(self.ids) <= self.min_tokens:
+            return False
         best = None
         for s in self.stop:
             j = self.text.find(s, max(0, grown - len(s) + 1))

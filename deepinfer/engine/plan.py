@@ -7,9 +7,13 @@ tokens are marked invalid and padding rows point at out-of-range slots and pages
 
     tokens[T] (-1: read the slot's last sampled token on device) positions[T] token_row[T] valid[T]
     slot[R] length[R] n_new[R] start[R] sample[R] seed[R] top_k[R] logprobs[R] (1: report log-probabilities)
+    prompt_len[R]
     block_table[pool][R, max_pages]   (one per pool, in PoolSpec order)
+    bias_ids[R, MAX_BIAS_SLOTS]       (vocab size: unused slot)
 
-and of the float buffer: temperature[R] top_p[R].
+and of the float buffer: temperature[R] top_p[R] min_p[R] repetition/presence/frequency penalty[R],
+bias_vals[R, MAX_BIAS_SLOTS]. A row's bias slots hold its logit_bias, plus -inf for EOS and its
+stop_token_ids while fewer than min_tokens outputs exist (known exactly at scheduling time).
 """
 
 from __future__ import annotations
@@ -18,11 +22,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from deepinfer.engine.sampling_params import MAX_BIAS_SLOTS
 from deepinfer.engine.scheduler import PoolSpec, StepPlan
 
 INT_FIELDS_T = ("tokens", "positions", "token_row", "valid")
-INT_FIELDS_R = ("slot", "length", "n_new", "start", "sample", "seed", "top_k", "logprobs")
-FLOAT_FIELDS_R = ("temperature", "top_p")
+INT_FIELDS_R = ("slot", "length", "n_new", "start", "sample", "seed", "top_k", "logprobs", "prompt_len")
+FLOAT_FIELDS_R = ("temperature", "top_p", "min_p", "repetition_penalty", "presence_penalty", "frequency_penalty")
 
 
 def pick_bucket(n: int, buckets: tuple[int, ...]) -> int:
@@ -44,11 +49,11 @@ class PlanShape:
     def int_size(self) -> int:
         return len(INT_FIELDS_T) * self.num_tokens + len(INT_FIELDS_R) * self.num_rows + sum(
             self.num_rows * m for m in self.max_pages
-        )
+        ) + self.num_rows * MAX_BIAS_SLOTS
 
     @property
     def float_size(self) -> int:
-        return len(FLOAT_FIELDS_R) * self.num_rows
+        return (len(FLOAT_FIELDS_R) + MAX_BIAS_SLOTS) * self.num_rows
 
 
 def pack(
@@ -57,6 +62,8 @@ def pack(
     shape: PlanShape,
     num_slots: int,
     seeds: dict[str, int],
+    vocab_size: int = 0,
+    eos_token_ids: tuple[int, ...] = (),
 ) -> tuple[np.ndarray, np.ndarray]:
     """The (ints, floats) buffers for one step."""
     t_cap, r_cap = shape.num_tokens, shape.num_rows
@@ -65,7 +72,11 @@ def pack(
     tok = {f: np.zeros(t_cap, np.int32) for f in INT_FIELDS_T}
     row = {f: np.zeros(r_cap, np.int32) for f in INT_FIELDS_R}
     row["slot"][:] = num_slots  # out of range for padding rows: writes dropped
-    flo = {"temperature": np.zeros(r_cap, np.float32), "top_p": np.ones(r_cap, np.float32)}
+    flo = {f: np.zeros(r_cap, np.float32) for f in FLOAT_FIELDS_R}
+    flo["top_p"][:] = 1.0
+    flo["repetition_penalty"][:] = 1.0
+    bias_ids = np.full((r_cap, MAX_BIAS_SLOTS), vocab_size, np.int32)  # out of range: dropped on device
+    bias_vals = np.zeros((r_cap, MAX_BIAS_SLOTS), np.float32)
     tables = [np.full((r_cap, m), spec.num_pages, np.int32) for spec, m in zip(pools, shape.max_pages)]
     tok["token_row"][:] = r_cap - 1 if not plan.scheduled else len(plan.scheduled) - 1
     offset = 0
@@ -89,13 +100,28 @@ def pack(
         row["seed"][i] = np.array(seeds[req.request_id], np.uint32).view(np.int32)  # bits kept; device reads uint32
         row["top_k"][i] = max(sp.top_k, 0)
         row["logprobs"][i] = int(sp.logprobs is not None)
+        row["prompt_len"][i] = len(req.prompt_token_ids)
         flo["temperature"][i] = sp.temperature
         flo["top_p"][i] = sp.top_p
+        flo["min_p"][i] = sp.min_p
+        flo["repetition_penalty"][i] = sp.repetition_penalty
+        flo["presence_penalty"][i] = sp.presence_penalty
+        flo["frequency_penalty"][i] = sp.frequency_penalty
+        entries = list(sp.logit_bias.items())
+        if sp.min_tokens and plan.samples(req) and plan.outputs[req.request_id] < sp.min_tokens:
+            blocked = set(sp.stop_token_ids) | (set() if sp.ignore_eos else set(eos_token_ids))
+            entries += [(t, -np.inf) for t in sorted(blocked)]
+        if len(entries) > MAX_BIAS_SLOTS:
+            raise ValueError(f"request {req.request_id}: {len(entries)} logit-bias entries exceed {MAX_BIAS_SLOTS}")
+        for j, (token, bias) in enumerate(entries):
+            bias_ids[i, j], bias_vals[i, j] = token, bias
         for table, spec in zip(tables, pools):
             pages = req.pages.get(spec.name, [])
             table[i, : len(pages)] = pages
         offset += n
-    ints = np.concatenate([tok[f] for f in INT_FIELDS_T] + [row[f] for f in INT_FIELDS_R] + [t.ravel() for t in tables])
-    floats = np.concatenate([flo[f] for f in FLOAT_FIELDS_R])
+    ints = np.concatenate(
+        [tok[f] for f in INT_FIELDS_T] + [row[f] for f in INT_FIELDS_R] + [t.ravel() for t in tables] + [bias_ids.ravel()]
+    )
+    floats = np.concatenate([flo[f] for f in FLOAT_FIELDS_R] + [bias_vals.ravel()])
     assert ints.size == shape.int_size and floats.size == shape.float_size
     return ints.astype(np.int32), floats.astype(np.float32)

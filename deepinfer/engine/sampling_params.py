@@ -8,6 +8,11 @@ from dataclasses import dataclass, field
 
 MAX_LOGPROBS = 20  # alternatives per token the device computes (OpenAI's top_logprobs limit)
 MAX_N = 16
+# Per-row logit-bias slots in a step's plan: the request's logit_bias entries, plus -inf for
+# EOS and stop_token_ids while min_tokens is not reached. Fixed, so the plan has a fixed shape.
+MAX_BIAS_SLOTS = 64
+MAX_LOGIT_BIAS = 48
+MAX_STOP_TOKEN_IDS = 15
 
 
 def choice_seed(seed: int, index: int) -> int:
@@ -26,6 +31,10 @@ def _is_int(v) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 
 
+def _is_number(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
 @dataclass
 class SamplingParams:
     """How one request samples, what it reports and when it stops.
@@ -38,6 +47,13 @@ class SamplingParams:
     plus the k most likely alternatives (log-softmax of the model's raw logits).
     ``stop``: strings that end the output (matched in the detokenized text,
     across token boundaries; not included in the text).
+
+    Logits are processed on the device in this order: logit_bias (added),
+    min_tokens (EOS and stop_token_ids masked until that many tokens exist),
+    repetition_penalty (vLLM/HF: divide positive, multiply negative logits of
+    tokens in the prompt or output), frequency_penalty * count and
+    presence_penalty * seen (subtracted, output tokens only), temperature,
+    min_p (drop tokens below min_p * the top probability), top_k, top_p.
     """
 
     n: int = 1
@@ -51,6 +67,13 @@ class SamplingParams:
     ignore_eos: bool = False
     logprobs: int | None = None
     skip_special_tokens: bool = True
+    min_p: float = 0.0
+    repetition_penalty: float = 1.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    logit_bias: dict[int, float] = field(default_factory=dict)
+    min_tokens: int = 0
+    prompt_logprobs: int | None = None
 
     def __post_init__(self):
         if isinstance(self.stop, str):
@@ -73,6 +96,30 @@ class SamplingParams:
             raise ValueError(f"stop must be non-empty strings, got {self.stop!r}")
         if self.logprobs is not None and (not _is_int(self.logprobs) or not 0 <= self.logprobs <= MAX_LOGPROBS):
             raise ValueError(f"logprobs must be an integer in [0, {MAX_LOGPROBS}] or None, got {self.logprobs!r}")
+        if not _is_number(self.min_p) or not 0 <= self.min_p <= 1:
+            raise ValueError(f"min_p must be in [0, 1], got {self.min_p!r}")
+        if not _is_number(self.repetition_penalty) or not 0 < self.repetition_penalty <= 10:
+            raise ValueError(f"repetition_penalty must be in (0, 10], got {self.repetition_penalty!r}")
+        for name in ("presence_penalty", "frequency_penalty"):
+            if not _is_number(getattr(self, name)) or not -2 <= getattr(self, name) <= 2:
+                raise ValueError(f"{name} must be in [-2, 2], got {getattr(self, name)!r}")
+        if not isinstance(self.logit_bias, dict) or len(self.logit_bias) > MAX_LOGIT_BIAS:
+            raise ValueError(f"logit_bias must be a dict of at most {MAX_LOGIT_BIAS} token id -> bias entries")
+        for token, bias in self.logit_bias.items():
+            if not _is_int(token) or token < 0 or not _is_number(bias) or not -100 <= bias <= 100:
+                raise ValueError(f"logit_bias entries must map token ids >= 0 to biases in [-100, 100], got {token!r}: {bias!r}")
+        if len(self.stop_token_ids) > MAX_STOP_TOKEN_IDS:
+            raise ValueError(f"stop_token_ids may hold at most {MAX_STOP_TOKEN_IDS} ids, got {len(self.stop_token_ids)}")
+        if not _is_int(self.min_tokens) or self.min_tokens < 0:
+            raise ValueError(f"min_tokens must be an integer >= 0, got {self.min_tokens!r}")
+        if self.max_tokens is not None and self.min_tokens > self.max_tokens:
+            raise ValueError(f"min_tokens ({self.min_tokens}) must not exceed max_tokens ({self.max_tokens})")
+        if self.prompt_logprobs is not None:
+            raise ValueError("prompt_logprobs is not supported yet")
+
+    @property
+    def uses_penalties(self) -> bool:
+        return self.repetition_penalty != 1 or self.presence_penalty != 0 or self.frequency_penalty != 0
 
     def choices(self) -> list["SamplingParams"]:
         """One n=1 SamplingParams per choice, each with its own resolved seed."""

@@ -55,7 +55,14 @@ def init_paged_state(cfg: ModelConfig, layout: PagedLayout, dtype=jnp.float32) -
         return lambda hd: jnp.zeros((layout.pages(POOL_OF_LAYER[layer_type]), layout.page_size, hd), dtype)
 
     layers = [layer_state(cfg, t, layout.num_slots, layout.max_backtrack, dtype, pool(t)) for t in cfg.layer_types]
-    return {"layers": layers, "last_token": jnp.zeros((layout.num_slots,), jnp.int32)}
+    return {
+        "layers": layers,
+        "last_token": jnp.zeros((layout.num_slots,), jnp.int32),
+        # per slot: how often each token occurs in the output so far, and which occur in the
+        # prompt (penalties); rebuilt from the step inputs, so preemption replay restores them
+        "counts": jnp.zeros((layout.num_slots, cfg.vocab_size), jnp.int32),
+        "in_prompt": jnp.zeros((layout.num_slots, cfg.vocab_size), jnp.bool_),
+    }
 
 
 def bytes_per_page(cfg: ModelConfig, pool: str, page_size: int, dtype) -> int:
@@ -69,7 +76,7 @@ def bytes_per_page(cfg: ModelConfig, pool: str, page_size: int, dtype) -> int:
 def bytes_per_slot(cfg: ModelConfig, layout: PagedLayout, dtype) -> int:
     one = PagedLayout(1, layout.page_size, tuple((n, 1) for n, _ in layout.num_pages), layout.max_backtrack)
     shapes = jax.eval_shape(lambda: init_paged_state(cfg, one, dtype))
-    total = int(np.prod(shapes["last_token"].shape)) * shapes["last_token"].dtype.itemsize
+    total = sum(int(np.prod(shapes[k].shape)) * shapes[k].dtype.itemsize for k in ("last_token", "counts", "in_prompt"))
     for layer in shapes["layers"]:
         for path, leaf in jax.tree_util.tree_flatten_with_path(layer)[0]:
             if "rows" not in jax.tree_util.keystr(path):

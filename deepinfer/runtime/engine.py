@@ -28,11 +28,12 @@ import numpy as np
 from deepinfer.config import CSA, HCA, ModelConfig
 from deepinfer.engine.plan import PlanShape, pack, pick_bucket
 from deepinfer.engine.request import Request
-from deepinfer.engine.sampling_params import SamplingParams
+from deepinfer.engine.sampling_params import MAX_BIAS_SLOTS, SamplingParams
 from deepinfer.engine.scheduler import PoolSpec, Scheduler, SchedulerConfig, StepPlan
 from deepinfer.kv.paged_state import PagedLayout, bytes_per_page, bytes_per_slot, init_paged_state, pools_of
 from deepinfer.runtime.compile_guard import CompileCounter
 from deepinfer.runtime.paged_step import paged_step_jit
+from deepinfer.runtime.step_timer import StepTimer
 
 log = logging.getLogger("deepinfer.engine")
 
@@ -58,6 +59,7 @@ class EngineConfig:
     max_backtrack: int = 12
     keep_logits: bool = False  # keep each generated token's logits on the request (tests, debugging)
     overlap: bool = True  # plan step N+1 while step N runs; off: wait for each step (comparison, debugging)
+    measure_device: bool = False  # time each step on the device from a watcher thread (runtime/step_timer.py)
 
     def buckets(self) -> tuple[tuple[int, ...], tuple[int, ...]]:
         tokens = self.token_buckets or _powers_of_two(min(16, self.max_num_batched_tokens), self.max_num_batched_tokens)
@@ -148,6 +150,8 @@ class LLMEngine:
         self._inflight: tuple | None = None  # (plan, device outputs) of the step not yet read
         self.updated: list[Request] = []  # requests whose outputs the last step() filled in
         self.last_wait_s = 0.0
+        self.host_s = 0.0  # host time of all steps so far (step() wall time minus waits on the device)
+        self.step_timer = StepTimer() if config.measure_device else None
         c = self.capacity
         log.info(
             "KV capacity: %d tokens, %d requests of max_model_len %d; %d slots; pools %s; %.1f MiB",
@@ -165,6 +169,11 @@ class LLMEngine:
         bad = [t for t in ids if not 0 <= t < self.cfg.vocab_size]
         if bad:
             raise ValueError(f"prompt token ids {bad[:8]} are outside the vocabulary (size {self.cfg.vocab_size})")
+        bad = [t for t in list(sp.logit_bias) + list(sp.stop_token_ids) if t >= self.cfg.vocab_size]
+        if bad:
+            raise ValueError(f"logit_bias / stop_token_ids name token ids {bad[:8]} outside the vocabulary (size {self.cfg.vocab_size})")
+        if sp.min_tokens and len(set(sp.stop_token_ids) | set(self.cfg.eos_token_ids)) + len(sp.logit_bias) > MAX_BIAS_SLOTS:
+            raise ValueError(f"logit_bias plus the ids min_tokens blocks exceed {MAX_BIAS_SLOTS} entries")
         rid = request_id if request_id is not None else f"req-{next(self._ids)}"
         if rid in self._seeds:
             raise ValueError(f"request id {rid!r} is already in use")
@@ -201,7 +210,8 @@ class LLMEngine:
 
     def _run(self, plan: StepPlan, shape: PlanShape):
         """Dispatch one step (asynchronous: returns device arrays)."""
-        ints, floats = pack(plan, self.pools, shape, self.layout.num_slots, self._seeds)
+        ints, floats = pack(plan, self.pools, shape, self.layout.num_slots, self._seeds,
+                            self.cfg.vocab_size, self.cfg.eos_token_ids)
         with CompileCounter() as counter:
             tokens, logits, logprobs, self.state = paged_step_jit(
                 self.cfg, self.layout, shape, self.params, self.state, jnp.asarray(ints), jnp.asarray(floats)
@@ -210,6 +220,8 @@ class LLMEngine:
         self.compiled_shapes.add(shape)
         for a in (tokens, *logprobs):
             a.copy_to_host_async()  # start the device-to-host copy now, not when the host asks
+        if self.step_timer is not None:
+            self.step_timer.dispatched(tokens)
         return tokens, logits, logprobs
 
     def _process(self, plan: StepPlan, tokens: jax.Array, logits: jax.Array, logprobs: tuple) -> list[Request]:
@@ -247,6 +259,7 @@ class LLMEngine:
         If the device step fails, the requests in the failing step(s) finish with reason
         "error" (``req.error`` says why) and StepFailed is raised; every other request
         is kept and replays from its tokens (the engine state is rebuilt)."""
+        t_start = time.perf_counter()
         self.updated = []
         self.last_wait_s = 0.0  # time this step() waited for device results (the rest is host time)
         plan = self.scheduler.schedule()
@@ -265,6 +278,7 @@ class LLMEngine:
         except Exception as exc:
             plans = [plan] + ([self._inflight[0]] if self._inflight is not None else [])
             raise StepFailed(exc, self._recover(plans, exc)) from exc
+        self.host_s += time.perf_counter() - t_start - self.last_wait_s
         if dispatched is None and self._inflight is None and not finished and self.scheduler.has_unfinished:
             raise RuntimeError("scheduler made no progress: a request cannot fit the KV pools")
         return finished
@@ -300,6 +314,9 @@ class LLMEngine:
             self._run(StepPlan(), shape)
             if progress is not None:
                 progress(1)
+        if self.step_timer is not None:  # warm-up steps are not serving steps
+            self.step_timer.drain()
+            self.step_timer.reset()
         return len(self.compiled_shapes)
 
     def run_until_done(self, progress=None) -> None:

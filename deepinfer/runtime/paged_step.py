@@ -13,8 +13,8 @@ from deepinfer.engine.plan import FLOAT_FIELDS_R, INT_FIELDS_R, INT_FIELDS_T, Pl
 from deepinfer.kv.paged_state import PagedLayout
 from deepinfer.models.deepseek_v4.model import lm_head, run_layers
 from deepinfer.models.deepseek_v4.paged_attention import FlatBatch, paged_attention
-from deepinfer.engine.sampling_params import MAX_LOGPROBS
-from deepinfer.runtime.sampler import sample, token_logprobs
+from deepinfer.engine.sampling_params import MAX_BIAS_SLOTS, MAX_LOGPROBS
+from deepinfer.runtime.sampler import apply_logit_bias, apply_penalties, sample, token_logprobs
 
 
 def unpack(shape: PlanShape, pools: tuple[str, ...], ints: jax.Array, floats: jax.Array):
@@ -28,9 +28,32 @@ def unpack(shape: PlanShape, pools: tuple[str, ...], ints: jax.Array, floats: ja
     tables = {}
     for name, m in zip(pools, shape.max_pages):
         tables[name], at = ints[at : at + r * m].reshape(r, m), at + r * m
+    out["bias_ids"] = ints[at : at + r * MAX_BIAS_SLOTS].reshape(r, MAX_BIAS_SLOTS)
     for i, f in enumerate(FLOAT_FIELDS_R):
         out[f] = floats[i * r : (i + 1) * r]
+    at = len(FLOAT_FIELDS_R) * r
+    out["bias_vals"] = floats[at : at + r * MAX_BIAS_SLOTS].reshape(r, MAX_BIAS_SLOTS)
     return out, tables
+
+
+def update_token_stats(counts, in_prompt, f, fb: FlatBatch, tokens):
+    """Per-slot output counts / prompt membership from this step's input tokens.
+
+    Every output token enters the model as an input one step after it is sampled,
+    so counting inputs (positions >= prompt_len are outputs) gives, at sampling
+    time, exactly the outputs before the new one — with overlap placeholders
+    already resolved, and rebuilt by the replay after a preemption. A row whose
+    chunk starts at position 0 clears its slot first."""
+    n_slots = counts.shape[0]
+    fresh = jnp.where((f["length"] == 0) & (f["n_new"] > 0), f["slot"], n_slots)
+    counts = counts.at[fresh].set(0, mode="drop")
+    in_prompt = in_prompt.at[fresh].set(False, mode="drop")
+    is_prompt = fb.positions < f["prompt_len"][fb.row]
+    out_slot = jnp.where(fb.valid & ~is_prompt, fb.slot, n_slots)
+    prompt_slot = jnp.where(fb.valid & is_prompt, fb.slot, n_slots)
+    counts = counts.at[out_slot, tokens].add(1, mode="drop")
+    in_prompt = in_prompt.at[prompt_slot, tokens].set(True, mode="drop")
+    return counts, in_prompt
 
 
 def paged_step(
@@ -74,12 +97,20 @@ def paged_step(
     streams, layers_aux = run_layers(cfg, params, tokens, attention_for)
     last = jnp.clip(f["start"] + f["n_new"] - 1, 0, shape.num_tokens - 1)
     logits = lm_head(cfg, params, params["hc_head"], params["norm"], streams[0][last])
-    sampled = sample(logits, f["length"] + f["n_new"], f["seed"], f["temperature"], f["top_k"], f["top_p"])
+    counts, in_prompt = update_token_stats(state["counts"], state["in_prompt"], f, fb, tokens[0])
+    slot = jnp.minimum(f["slot"], counts.shape[0] - 1)  # padding rows read any slot; their samples are dropped
+    processed = apply_logit_bias(logits, f["bias_ids"], f["bias_vals"])
+    processed = apply_penalties(processed, counts[slot], in_prompt[slot], f["repetition_penalty"],
+                                f["presence_penalty"], f["frequency_penalty"])
+    sampled = sample(processed, f["length"] + f["n_new"], f["seed"], f["temperature"], f["top_k"], f["top_p"],
+                     min_p=f["min_p"])
     logprobs = token_logprobs(logits, sampled, (f["logprobs"] > 0) & (f["sample"] > 0), MAX_LOGPROBS)
     writes = jnp.where(f["sample"] > 0, f["slot"], last_token.shape[0])  # padding / mid-prompt rows: dropped
     new_state = {
         "layers": [aux["attn.state"] for aux in layers_aux],
         "last_token": last_token.at[writes].set(sampled, mode="drop"),
+        "counts": counts,
+        "in_prompt": in_prompt,
     }
     return sampled, logits, logprobs, new_state
 

@@ -147,6 +147,13 @@ def check_ids(state: ServerState, ids: list[int], what: str) -> list[int]:
     return ids
 
 
+def check_sampling_ids(state: ServerState, sp: SamplingParams) -> None:
+    for name, ids in (("logit_bias", list(sp.logit_bias)), ("stop_token_ids", sp.stop_token_ids)):
+        bad = [t for t in ids if t >= state.vocab_size]
+        if bad:
+            raise bad_request(f"{name} has token ids {bad[:8]} outside the vocabulary [0, {state.vocab_size})", name)
+
+
 def resolve_max_tokens(state: ServerState, n_prompt: int, requested: int | None, field_name: str) -> int:
     limit = state.max_model_len
     if n_prompt >= limit:
@@ -354,6 +361,8 @@ def build_app(state: ServerState, lifespan=None) -> FastAPI:
         if not given:  # OpenAI's default of 16, shortened to what fits
             max_tokens = [min(16, m) for m in max_tokens]
         sps = [req.sampling_params(m, req.logprobs) for m in max_tokens]
+        for sp in sps:
+            check_sampling_ids(state, sp)
         rid = f"cmpl-{uuid.uuid4().hex}"
         seqs = sequences(rid, prompts, sps)
         check_room(state, len(seqs))
@@ -395,6 +404,7 @@ def build_app(state: ServerState, lifespan=None) -> FastAPI:
         max_tokens = resolve_max_tokens(state, len(prompt), req.max_completion_tokens or req.max_tokens, field_name)
         logprobs = (req.top_logprobs or 0) if req.logprobs else None
         sp = req.sampling_params(max_tokens, logprobs)
+        check_sampling_ids(state, sp)
         rid = f"chatcmpl-{uuid.uuid4().hex}"
         seqs = sequences(rid, [prompt], [sp])
         check_room(state, len(seqs))

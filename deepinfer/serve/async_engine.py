@@ -213,4 +213,10 @@ class AsyncEngine:
             m.kv_cache_usage_perc.set(snap.kv_usage)
             m.kv_pages_used.set(sum(snap.pages_used.values()))
             m.num_preemptions.inc(snap.num_preemptions - self._preemptions_seen)
+            timer = self.engine.step_timer
+            if timer is not None:
+                summary = timer.summary()
+                if summary["busy_fraction"] is not None:
+                    m.device_busy_fraction.set(summary["busy_fraction"])
+                    m.step_device_time.set(summary["device_s_per_step"])
             self._preemptions_seen = snap.num_preemptions

@@ -45,6 +45,8 @@ class ServerMetrics:
         self.step_host_time = hist("step_host_seconds", "Host time per engine step (schedule, pack, dispatch, process).", _STEP_BUCKETS)
         self.step_wait_time = hist("step_wait_seconds", "Per step, time the host waited for device results.", _STEP_BUCKETS)
         self.num_steps = counter("engine_steps", "Engine steps run.")
+        self.device_busy_fraction = gauge("device_busy_fraction", "Device busy time / wall time over the last 256 steps.")
+        self.step_device_time = gauge("step_device_seconds_mean", "Mean device time per step over the last 256 steps.")
 
     def finished(self, reason: str) -> None:
         self._success.labels(self.model_name, reason).inc()

@@ -16,8 +16,7 @@ from deepinfer.serve.errors import bad_request
 
 # field -> the value that means "off" (accepted), for fields not implemented yet
 NOT_YET = {
-    "presence_penalty": 0, "frequency_penalty": 0, "repetition_penalty": 1, "logit_bias": None,
-    "min_p": 0, "min_tokens": 0, "prompt_logprobs": None, "best_of": 1, "echo": False, "suffix": None,
+    "prompt_logprobs": None, "best_of": 1, "echo": False, "suffix": None,
     "response_format": None, "guided_json": None, "guided_regex": None, "guided_grammar": None,
     "guided_choice": None, "tools": None, "tool_choice": "none", "functions": None, "function_call": None,
     "parallel_tool_calls": None, "audio": None, "modalities": None, "prediction": None,
@@ -71,18 +70,24 @@ class _Sampling(_Strict):
     stream: bool = False
     stream_options: StreamOptions | None = None
     user: str | None = None
-    # accepted so the neutral value passes; anything else is refused by check_not_yet
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
     repetition_penalty: float | None = None
     logit_bias: dict[str, float] | None = None
     min_p: float | None = None
     min_tokens: int | None = None
+    # accepted so the neutral value passes; anything else is refused by check_not_yet
     prompt_logprobs: int | None = None
     best_of: int | None = None
 
     def sampling_params(self, max_tokens: int, logprobs: int | None) -> SamplingParams:
         stop = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
+        bias = {}
+        for key, value in (self.logit_bias or {}).items():
+            try:
+                bias[int(key)] = value
+            except ValueError:
+                raise bad_request(f"logit_bias keys must be token ids, got {key!r}", "logit_bias") from None
         try:
             return SamplingParams(
                 n=self.n,
@@ -96,6 +101,12 @@ class _Sampling(_Strict):
                 ignore_eos=self.ignore_eos,
                 logprobs=logprobs,
                 skip_special_tokens=self.skip_special_tokens,
+                min_p=self.min_p or 0.0,
+                repetition_penalty=1.0 if self.repetition_penalty is None else self.repetition_penalty,
+                presence_penalty=self.presence_penalty or 0.0,
+                frequency_penalty=self.frequency_penalty or 0.0,
+                logit_bias=bias,
+                min_tokens=self.min_tokens or 0,
             )
         except ValueError as e:
             raise bad_request(str(e), str(e).split(" ", 1)[0]) from None

@@ -1,0 +1,110 @@
+"""Loop efficiency: engine decode throughput / fused on-device generate() throughput.
+
+    python benchmarks/loop_efficiency.py [--models tiny,mid] [--batches 1,32] [--new-tokens 32]
+
+For each model and batch: the same requests (prompt --prompt-len, N new tokens,
+greedy) through LLMEngine with overlap on, then off, and through
+deepinfer.generate() (prefill + lax.while_loop, one program); decode rate =
+batch * (N - 1) / (T(N) - T(1)), best of 3, all measured in this one run. Also
+per step: host time, device time and device-busy fraction (runtime/step_timer.py).
+Prints a table and one JSON record (also written to benchmarks/results/loop_efficiency.json).
+Random weights (configs/tiny_mixed.json, configs/mid.json); CPU unless a GPU is present.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+import jax
+import numpy as np
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+import deepinfer  # noqa: E402
+from benchmarks.timing import best_time  # noqa: E402
+from deepinfer.config import ModelConfig  # noqa: E402
+from deepinfer.engine.sampling_params import SamplingParams  # noqa: E402
+from deepinfer.models.deepseek_v4 import model_spec  # noqa: E402
+from deepinfer.params import init_params  # noqa: E402
+from deepinfer.runtime.engine import EngineConfig, LLMEngine  # noqa: E402
+
+CONFIGS = {"tiny": "tiny_mixed.json", "mid": "mid.json"}
+
+
+def measure(cfg, params, batch: int, plen: int, n: int, overlap: bool, fused_rate: float) -> dict:
+    prompts = np.random.default_rng(1).integers(2, cfg.vocab_size, (batch, plen))
+    ec = EngineConfig(max_num_seqs=batch, max_num_batched_tokens=batch * plen, max_model_len=plen + n + 1, page_size=16,
+                      token_buckets=(batch, batch * plen), row_buckets=(batch,), overlap=overlap, measure_device=True)
+    engine = LLMEngine(cfg, params, ec)
+    engine.warmup()
+
+    def run_engine(k):
+        for p in prompts:
+            engine.add_request(p.tolist(), SamplingParams(temperature=0, max_tokens=k, ignore_eos=True))
+        engine.run_until_done()
+
+    run_engine(2)
+    t1 = best_time(lambda: run_engine(1))
+    engine.step_timer.drain()
+    engine.step_timer.reset()
+    steps0, host0 = engine.num_steps, engine.host_s
+    tn = best_time(lambda: run_engine(n))
+    engine.step_timer.drain()
+    timing = engine.step_timer.summary()
+    steps = engine.num_steps - steps0
+    rate = batch * (n - 1) / max(tn - t1, 1e-9)
+    engine.check_all_free()
+    return {
+        "batch": batch, "new_tokens": n, "overlap": overlap, "engine_decode_tok_s": round(rate, 1),
+        "generate_decode_tok_s": round(fused_rate, 1), "ratio": round(rate / fused_rate, 3),
+        "host_ms_per_step": round(1e3 * (engine.host_s - host0) / steps, 3),
+        "device_ms_per_step": round(1e3 * timing["device_s_per_step"], 3),
+        "device_busy_fraction": round(timing["busy_fraction"], 3),
+    }
+
+
+def fused(cfg, params, batch: int, plen: int, n: int) -> float:
+    prompts = np.random.default_rng(1).integers(2, cfg.vocab_size, (batch, plen))
+
+    def run(k):
+        jax.block_until_ready(deepinfer.generate(cfg, params, prompts, max_new_tokens=k, eos_token_ids=()).tokens)
+
+    run(n), run(1)
+    return batch * (n - 1) / max(best_time(lambda: run(n)) - best_time(lambda: run(1)), 1e-9)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--models", default="tiny,mid")
+    ap.add_argument("--batches", default="1,32")
+    ap.add_argument("--prompt-len", type=int, default=32)
+    ap.add_argument("--new-tokens", type=int, default=32)
+    ap.add_argument("--out", default=os.path.join(ROOT, "benchmarks", "results", "loop_efficiency.json"))
+    args = ap.parse_args()
+    record = {"benchmark": "loop_efficiency", "device": jax.devices()[0].device_kind, "prompt_len": args.prompt_len,
+              "new_tokens": args.new_tokens, "results": []}
+    print(f"{'model':6} {'batch':>5} {'overlap':>7} {'engine tok/s':>12} {'generate tok/s':>14} {'ratio':>6} "
+          f"{'host ms/step':>12} {'device ms/step':>14} {'busy':>5}")
+    for name in args.models.split(","):
+        cfg = ModelConfig.from_json_file(os.path.join(ROOT, "configs", CONFIGS[name]))
+        params = init_params(model_spec(cfg, include_mtp=False), jax.random.key(0))
+        for b in (int(x) for x in args.batches.split(",")):
+            g = fused(cfg, params, b, args.prompt_len, args.new_tokens)
+            for overlap in (True, False):
+                r = {"model": name, **measure(cfg, params, b, args.prompt_len, args.new_tokens, overlap, g)}
+                record["results"].append(r)
+                print(f"{name:6} {b:>5} {'on' if overlap else 'off':>7} {r['engine_decode_tok_s']:>12} "
+                      f"{r['generate_decode_tok_s']:>14} {r['ratio']:>6} {r['host_ms_per_step']:>12} "
+                      f"{r['device_ms_per_step']:>14} {r['device_busy_fraction']:>5}", flush=True)
+    os.makedirs(os.path.dirname(args.out), exist_ok=True)
+    with open(args.out, "w") as f:
+        json.dump(record, f, indent=1)
+    print(json.dumps(record))
+
+
+if __name__ == "__main__":
+    main()
