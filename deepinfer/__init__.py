@@ -5,7 +5,14 @@
 scheduler) can import the package without importing JAX.
 """
 
+from deepinfer.runtime import batch_invariance as _batch_invariance
+
 __all__ = ["generate", "GenerateOutput", "ModelConfig", "LLM", "SamplingParams"]
+
+# DEEPINFER_BATCH_INVARIANT=1 needs an XLA flag before JAX starts its backend (see
+# runtime/batch_invariance.py); importing deepinfer first is how it gets there in time.
+if _batch_invariance.requested_by_env():
+    _batch_invariance.configure_xla()
 
 
 def __getattr__(name):

@@ -143,6 +143,10 @@ class ModelConfig:
     tie_word_embeddings: bool = False
     bos_token_id: int | None = 0
     eos_token_ids: tuple[int, ...] = (1,)
+    # Not an architecture fact but a numerics mode (static, so it lives here): compute every
+    # token's result in an order that does not depend on the rest of the batch. Set by the
+    # engine (EngineConfig.batch_invariant / DEEPINFER_BATCH_INVARIANT=1); never read from JSON.
+    batch_invariant: bool = False
 
     # -- derived facts -----------------------------------------------------
 

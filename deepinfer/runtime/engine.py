@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import os
 import time
 from dataclasses import dataclass, field
 
@@ -31,6 +32,7 @@ from deepinfer.engine.request import Request
 from deepinfer.engine.sampling_params import MAX_BIAS_SLOTS, SamplingParams
 from deepinfer.engine.scheduler import PoolSpec, Scheduler, SchedulerConfig, StepPlan
 from deepinfer.kv.paged_state import PagedLayout, bytes_per_page, bytes_per_slot, init_paged_state, pools_of
+from deepinfer.runtime.batch_invariance import check_xla
 from deepinfer.runtime.compile_guard import CompileCounter
 from deepinfer.runtime.paged_step import paged_step_jit
 from deepinfer.runtime.step_timer import StepTimer
@@ -60,10 +62,17 @@ class EngineConfig:
     keep_logits: bool = False  # keep each generated token's logits on the request (tests, debugging)
     overlap: bool = True  # plan step N+1 while step N runs; off: wait for each step (comparison, debugging)
     measure_device: bool = False  # time each step on the device from a watcher thread (runtime/step_timer.py)
+    # every token's numbers independent of the rest of the batch (bitwise); env DEEPINFER_BATCH_INVARIANT=1
+    batch_invariant: bool = field(default_factory=lambda: os.environ.get("DEEPINFER_BATCH_INVARIANT") == "1")
 
     def buckets(self) -> tuple[tuple[int, ...], tuple[int, ...]]:
         tokens = self.token_buckets or _powers_of_two(min(16, self.max_num_batched_tokens), self.max_num_batched_tokens)
         rows = self.row_buckets or _powers_of_two(min(4, self.max_num_seqs), self.max_num_seqs)
+        if self.batch_invariant:
+            # XLA CPU computes a 1-row matmul with a different kernel (GEMV) than 2+ rows, so
+            # no shape may have a single row: the smallest buckets become 2.
+            tokens = tuple(sorted({max(b, 2) for b in tokens}))
+            rows = tuple(sorted({max(b, 2) for b in rows}))
         if tokens[-1] < self.max_num_batched_tokens or rows[-1] < self.max_num_seqs:
             raise ValueError("the largest buckets must cover max_num_batched_tokens and max_num_seqs")
         return tokens, rows
@@ -121,7 +130,12 @@ class StepFailed(RuntimeError):
 
 
 class LLMEngine:
-    def __init__(self, cfg: ModelConfig, params: dict, config: EngineConfig = EngineConfig()):
+    def __init__(self, cfg: ModelConfig, params: dict, config: EngineConfig | None = None):
+        config = config or EngineConfig()
+        if config.batch_invariant:
+            check_xla(jax.default_backend())
+        if config.batch_invariant != cfg.batch_invariant:
+            cfg = cfg.replace(batch_invariant=config.batch_invariant)
         self.cfg, self.params, self.config = cfg, params, config
         self.dtype = jnp.dtype(params["embed"].dtype)
         self.capacity = size_pools(cfg, config, self.dtype)

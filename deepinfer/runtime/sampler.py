@@ -12,6 +12,8 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from deepinfer.models.deepseek_v4.ops import fixed_sum
+
 
 def sampling_noise(seeds: jax.Array, positions: jax.Array, vocab: int, salt: int = 0) -> jax.Array:
     """Gumbel noise [B, V] for each sequence's (seed, position)."""
@@ -114,7 +116,9 @@ def token_logprobs(logits: jax.Array, sampled: jax.Array, wanted: jax.Array, k: 
     k = min(k, vocab)
 
     def compute(_):
-        logp = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
+        x = logits.astype(jnp.float32)
+        shifted = x - jnp.max(x, axis=-1, keepdims=True)
+        logp = shifted - jnp.log(fixed_sum(jnp.exp(shifted), axis=-1, keepdims=True))  # batch-independent bits
         top_lp, top_ids = jax.lax.top_k(logp, k)
         chosen = jnp.take_along_axis(logp, sampled[:, None], axis=-1)[:, 0]
         return chosen, top_ids.astype(jnp.int32), top_lp

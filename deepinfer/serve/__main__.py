@@ -35,6 +35,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="KV cache budget, e.g. 512MiB or 2GiB (default: room for max-num-seqs requests of max-model-len)")
     p.add_argument("--max-waiting", type=int, default=256, help="sequences allowed to queue beyond the batch; more get 503")
     p.add_argument("--max-body-bytes", type=int, default=1 << 20, help="largest request body; larger gets 413")
+    p.add_argument("--batch-invariant", action="store_true", default=os.environ.get("DEEPINFER_BATCH_INVARIANT") == "1",
+                   help="outputs independent of the rest of the batch, bitwise (env DEEPINFER_BATCH_INVARIANT=1)")
     p.add_argument("--no-overlap", action="store_true", default=os.environ.get("DEEPINFER_NO_OVERLAP") == "1",
                    help="wait for each step before planning the next (comparison, debugging; env DEEPINFER_NO_OVERLAP=1)")
     p.add_argument("--shutdown-timeout", type=float, default=30.0, help="seconds in-flight requests get to finish on SIGINT/SIGTERM")
@@ -104,6 +106,7 @@ def build_state(args: argparse.Namespace):
         max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens, max_model_len=max_len,
         kv_memory_bytes=parse_bytes(args.kv_memory) if args.kv_memory else None, overlap=not args.no_overlap,
         measure_device=True,  # device time and busy fraction for /metrics (one watcher thread)
+        batch_invariant=args.batch_invariant,
     )
     engine = LLMEngine(cfg, params, ec)
     shapes = engine.bucket_shapes()
@@ -122,6 +125,10 @@ def build_state(args: argparse.Namespace):
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.batch_invariant:  # before JAX starts its backend (runtime/batch_invariance.py)
+        from deepinfer.runtime.batch_invariance import configure_xla
+
+        configure_xla()
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     import contextlib
 

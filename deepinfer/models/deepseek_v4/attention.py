@@ -13,7 +13,7 @@ import jax.numpy as jnp
 
 from deepinfer.config import CSA, HCA, SLIDING, ModelConfig
 from deepinfer.models.deepseek_v4 import compressor, indexer
-from deepinfer.models.deepseek_v4.ops import einsum_f32, linear, rms_norm, unweighted_rms_norm
+from deepinfer.models.deepseek_v4.ops import einsum_f32, fixed_sum, linear, rms_norm, unweighted_rms_norm
 from deepinfer.models.deepseek_v4.rope import apply_rope, rope_angles
 
 
@@ -53,7 +53,7 @@ def sink_softmax(logits: jax.Array, sink: jax.Array) -> jax.Array:
     """
     peak = jnp.maximum(jnp.max(logits, axis=-1), sink)
     weights = jnp.exp(logits - peak[..., None])
-    return weights / (jnp.sum(weights, axis=-1) + jnp.exp(sink - peak))[..., None]
+    return weights / (fixed_sum(weights, axis=-1) + jnp.exp(sink - peak))[..., None]
 
 
 def output_projection(cfg: ModelConfig, p: dict, o: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
@@ -65,7 +65,13 @@ def output_projection(cfg: ModelConfig, p: dict, o: jax.Array, cos: jax.Array, s
     g = cfg.o_groups
     grouped = o.reshape(*o.shape[:-2], g, -1)  # [B, S, G, H*hd/G]
     wo_a = p["wo_a"].reshape(g, cfg.o_lora_rank, -1).astype(o.dtype)  # [G, R, H*hd/G]
-    mid = einsum_f32("bsgk,grk->bsgr", grouped, wo_a).astype(o.dtype)
+    if cfg.batch_invariant:
+        # A batched matmul over groups computes tokens as its M dimension, whose kernel choice
+        # (and rounding) changes with the token count; per-group 2-D products do not.
+        mid = jnp.stack([einsum_f32("...k,rk->...r", grouped[..., i, :], wo_a[i]) for i in range(g)], axis=-2)
+        mid = mid.astype(o.dtype)
+    else:
+        mid = einsum_f32("bsgk,grk->bsgr", grouped, wo_a).astype(o.dtype)
     return linear(mid.reshape(*mid.shape[:-2], -1), p["wo_b"])
 
 

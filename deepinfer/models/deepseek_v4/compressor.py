@@ -22,7 +22,7 @@ import jax
 import jax.numpy as jnp
 
 from deepinfer.config import ModelConfig, RopeConfig
-from deepinfer.models.deepseek_v4.ops import linear, rms_norm
+from deepinfer.models.deepseek_v4.ops import fixed_softmax, fixed_sum, linear, rms_norm
 from deepinfer.models.deepseek_v4.rope import apply_rope, rope_angles
 
 
@@ -54,8 +54,8 @@ def pool_windows(
         prev_gate = jnp.concatenate([first_gate, ca_gate[..., :-1, :, :]], axis=-3)
         kv = jnp.concatenate([prev_kv, cb_kv], axis=-2)
         gate = jnp.concatenate([prev_gate, cb_gate], axis=-2)
-    weights = jax.nn.softmax(gate.astype(jnp.float32), axis=-2).astype(kv.dtype)
-    return jnp.sum(kv * weights, axis=-2)
+    weights = fixed_softmax(gate.astype(jnp.float32), axis=-2).astype(kv.dtype)
+    return fixed_sum(kv * weights, axis=-2)
 
 
 def finish_rows(

@@ -13,7 +13,7 @@ import jax
 import jax.numpy as jnp
 
 from deepinfer.config import ModelConfig
-from deepinfer.models.deepseek_v4.ops import unweighted_rms_norm
+from deepinfer.models.deepseek_v4.ops import fixed_softmax, fixed_sum, unweighted_rms_norm
 
 
 def _mix_logits(streams: jax.Array, fn: jax.Array, eps: float) -> jax.Array:
@@ -25,12 +25,12 @@ def _mix_logits(streams: jax.Array, fn: jax.Array, eps: float) -> jax.Array:
 
 def sinkhorn(logits: jax.Array, iters: int, eps: float) -> jax.Array:
     """Row softmax, then alternate column / row normalisation (column first and last)."""
-    comb = jax.nn.softmax(logits, axis=-1) + eps
-    comb = comb / (comb.sum(axis=-2, keepdims=True) + eps)
+    comb = fixed_softmax(logits, axis=-1) + eps
+    comb = comb / (fixed_sum(comb, axis=-2, keepdims=True) + eps)
 
     def row_then_column(_, c):
-        c = c / (c.sum(axis=-1, keepdims=True) + eps)
-        return c / (c.sum(axis=-2, keepdims=True) + eps)
+        c = c / (fixed_sum(c, axis=-1, keepdims=True) + eps)
+        return c / (fixed_sum(c, axis=-2, keepdims=True) + eps)
 
     # A loop, not an unrolled chain: 20 iterations x every hc site otherwise doubles compile time.
     return jax.lax.fori_loop(0, iters - 1, row_then_column, comb)
@@ -50,14 +50,16 @@ def hc_pre(cfg: ModelConfig, p: dict, streams: jax.Array) -> tuple[jax.Array, ja
     post = 2 * jax.nn.sigmoid(post_w * scale[1] + base[hc : 2 * hc])
     comb_logits = comb_w.reshape(*comb_w.shape[:-1], hc, hc) * scale[2] + base[2 * hc :].reshape(hc, hc)
     comb = sinkhorn(comb_logits, cfg.hc_sinkhorn_iters, cfg.hc_eps)
-    collapsed = jnp.sum(pre[..., None] * streams.astype(jnp.float32), axis=-2).astype(streams.dtype)
+    collapsed = fixed_sum(pre[..., None] * streams.astype(jnp.float32), axis=-2).astype(streams.dtype)
     return post, comb, collapsed
 
 
 def hc_post(post: jax.Array, comb: jax.Array, out: jax.Array, streams: jax.Array) -> jax.Array:
     """new[..., k, :] = post[k] * out + sum_j comb[j, k] * streams[j], in the streams' dtype."""
     dtype = streams.dtype
-    mixed = jnp.einsum("...jk,...jd->...kd", comb.astype(dtype), streams)
+    # A [hc, hc] x [hc, D] product per token, written as products summed in a fixed order:
+    # as an einsum, XLA rewrites it into a reduce whose rounding follows the token count.
+    mixed = fixed_sum(comb.astype(dtype)[..., :, :, None] * streams[..., :, None, :], axis=-3)
     return post.astype(dtype)[..., None] * out[..., None, :] + mixed
 
 
@@ -65,4 +67,4 @@ def hc_head(cfg: ModelConfig, p: dict, streams: jax.Array) -> jax.Array:
     """Final collapse of the streams [..., hc, D] -> [..., D] (sigmoid weights, no Sinkhorn)."""
     mix = _mix_logits(streams, p["fn"], cfg.rms_norm_eps)
     pre = jax.nn.sigmoid(mix * p["scale"][0] + p["base"]) + cfg.hc_eps
-    return jnp.sum(pre[..., None] * streams.astype(jnp.float32), axis=-2).astype(streams.dtype)
+    return fixed_sum(pre[..., None] * streams.astype(jnp.float32), axis=-2).astype(streams.dtype)

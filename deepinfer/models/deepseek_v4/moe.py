@@ -13,7 +13,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from deepinfer.config import HASH_MOE, ModelConfig
-from deepinfer.models.deepseek_v4.ops import linear, swiglu
+from deepinfer.models.deepseek_v4.ops import fixed_sum, linear, swiglu
 
 # rows [N, in] x per-expert weights [E, out, in] grouped by expert -> [N, out]
 _GROUPED_DOT = lax.RaggedDotDimensionNumbers(
@@ -33,7 +33,7 @@ def route(cfg: ModelConfig, p: dict, mlp_type: str, x: jax.Array, token_ids: jax
     else:
         _, experts = lax.top_k(scores + p["bias"].astype(jnp.float32), cfg.num_experts_per_tok)
     weights = jnp.take_along_axis(scores, experts, axis=-1)
-    weights = weights / (jnp.sum(weights, axis=-1, keepdims=True) + 1e-20)
+    weights = weights / (fixed_sum(weights, axis=-1, keepdims=True) + 1e-20)
     return weights * cfg.routed_scaling_factor, experts
 
 
@@ -44,13 +44,14 @@ def routed_experts(cfg: ModelConfig, p: dict, x: jax.Array, weights: jax.Array, 
     * accelerators: grouped matmuls over expert-sorted rows (lax.ragged_dot);
     * CPU, few (token, expert) pairs (decode): gather just the chosen experts' weights;
     * CPU otherwise: every expert on every token, combined with zero weight for
-      the unchosen. XLA's CPU ragged_dot costs ~13 ms even for 2 rows (measured
+      the unchosen (always, in batch-invariant mode: switching formulations by
+      batch size would change a token's rounding with the batch). XLA's CPU ragged_dot costs ~13 ms even for 2 rows (measured
       with 12 experts of 512x512), which made decoding ~30x slower.
     """
     n, k = experts.shape
     if jax.default_backend() != "cpu":
         return _grouped_experts(cfg, p, x, weights, experts)
-    if n * k <= cfg.n_routed_experts:
+    if n * k <= cfg.n_routed_experts and not cfg.batch_invariant:  # one formulation for every batch size
         return _gathered_experts(cfg, p, x, weights, experts)
     return _dense_experts(cfg, p, x, weights, experts)
 
@@ -69,7 +70,11 @@ def _dense_experts(cfg: ModelConfig, p: dict, x: jax.Array, weights: jax.Array, 
     combine = combine.at[jnp.arange(x.shape[0])[:, None], experts].add(weights.astype(dt))
     gate = jnp.einsum("nd,eid->nei", x, p["w1"].astype(dt))
     up = jnp.einsum("nd,eid->nei", x, p["w3"].astype(dt))
-    out = jnp.einsum("nei,edi->ned", swiglu(gate, up, cfg.swiglu_limit), p["w2"].astype(dt))
+    hidden = swiglu(gate, up, cfg.swiglu_limit)
+    if cfg.batch_invariant:  # per-expert 2-D products: a batched matmul's kernel varies with the token count
+        out = jnp.stack([jnp.einsum("ni,di->nd", hidden[:, e], p["w2"][e].astype(dt)) for e in range(cfg.n_routed_experts)], axis=1)
+    else:
+        out = jnp.einsum("nei,edi->ned", hidden, p["w2"].astype(dt))
     return jnp.einsum("ned,ne->nd", out, combine)
 
 

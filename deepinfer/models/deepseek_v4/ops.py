@@ -28,17 +28,48 @@ def linear(x: jax.Array, w: jax.Array) -> jax.Array:
     return einsum_f32("...k,nk->...n", x, w.astype(x.dtype)).astype(x.dtype)
 
 
+def fixed_sum(x: jax.Array, axis: int = -1, keepdims: bool = False) -> jax.Array:
+    """Sum over one axis as a pairwise tree of elementwise adds, in a fixed order.
+
+    XLA CPU's reduce picks its loop order (and so its rounding) from the whole
+    array's shape: a row of [b, K] sums to different bits for b <= 16 and b >= 32
+    (measured, jax 0.10.2). Elementwise adds are exact IEEE operations in the
+    order written, so this tree gives every row the same bits whatever the batch.
+    Used for every sum a token's result depends on (norms, softmaxes, pooling).
+    """
+    x = jnp.moveaxis(x, axis, -1)
+    n = x.shape[-1]
+    width = 1 << max(n - 1, 0).bit_length()
+    if width != n:
+        x = jnp.concatenate([x, jnp.zeros(x.shape[:-1] + (width - n,), x.dtype)], axis=-1)
+    while x.shape[-1] > 1:
+        half = x.shape[-1] // 2
+        x = x[..., :half] + x[..., half:]
+    out = x[..., 0]
+    return jnp.expand_dims(out, axis) if keepdims else out
+
+
+def fixed_softmax(x: jax.Array, axis: int = -1) -> jax.Array:
+    """Softmax whose denominator is a fixed_sum (batch-independent bits)."""
+    e = jnp.exp(x - jax.lax.stop_gradient(jnp.max(x, axis=axis, keepdims=True)))
+    return e / fixed_sum(e, axis, keepdims=True)
+
+
+def fixed_mean(x: jax.Array, axis: int = -1, keepdims: bool = False) -> jax.Array:
+    return fixed_sum(x, axis, keepdims) / x.shape[axis]
+
+
 def rms_norm(x: jax.Array, weight: jax.Array, eps: float) -> jax.Array:
     """Weighted RMSNorm over the last axis; the (fp32) weight multiplies in fp32."""
     xf = x.astype(jnp.float32)
-    xf = xf * jax.lax.rsqrt(jnp.mean(xf * xf, axis=-1, keepdims=True) + eps)
+    xf = xf * jax.lax.rsqrt(fixed_mean(xf * xf, axis=-1, keepdims=True) + eps)
     return (weight.astype(jnp.float32) * xf).astype(x.dtype)
 
 
 def unweighted_rms_norm(x: jax.Array, eps: float) -> jax.Array:
     """RMSNorm without a weight (per-head query norm, hyper-connection input norm)."""
     xf = x.astype(jnp.float32)
-    inv = jax.lax.rsqrt(jnp.mean(xf * xf, axis=-1, keepdims=True) + eps)
+    inv = jax.lax.rsqrt(fixed_mean(xf * xf, axis=-1, keepdims=True) + eps)
     return x * inv.astype(x.dtype)
 
 
@@ -47,3 +78,21 @@ def swiglu(gate: jax.Array, up: jax.Array, limit: float) -> jax.Array:
     gate = jnp.minimum(gate, limit)
     up = jnp.clip(up, -limit, limit)
     return jax.nn.silu(gate) * up
+
+
+def token_tiled(fn, *args, tile: int = 8):
+    """fn(*args) computed over the leading (token) axis in fixed tiles of ``tile`` rows.
+
+    Every call of fn sees arrays of the same shape, whatever the token count, so
+    XLA compiles one body and a token's bits cannot depend on how many tokens
+    share the step (batch-invariant mode). fn must treat tokens independently.
+    """
+    n = args[0].shape[0]
+    padded = -(-n // tile) * tile
+
+    def split(a):
+        a = jnp.concatenate([a, jnp.zeros((padded - n, *a.shape[1:]), a.dtype)]) if padded != n else a
+        return a.reshape(padded // tile, tile, *a.shape[1:])
+
+    out = jax.lax.map(lambda xs: fn(*xs), tuple(split(a) for a in args))
+    return jax.tree.map(lambda o: o.reshape(padded, *o.shape[2:])[:n], out)

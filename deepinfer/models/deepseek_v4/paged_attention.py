@@ -10,6 +10,7 @@ the contiguous path (cached_attention.py).
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import jax
@@ -21,6 +22,7 @@ from deepinfer.kv.ring import ring_positions
 from deepinfer.models.deepseek_v4 import indexer
 from deepinfer.models.deepseek_v4.attention import output_projection, query_and_kv, rope_for, sink_softmax
 from deepinfer.models.deepseek_v4.compressor import project, rows_from_positions
+from deepinfer.models.deepseek_v4.ops import token_tiled
 from deepinfer.models.deepseek_v4.rope import rope_angles
 
 
@@ -70,9 +72,18 @@ def paged_compressor(cfg, p, st, x, fb: FlatBatch, ratio, head_dim, overlap, pag
     closes = fb.valid & (jnp.mod(fb.positions + 1, ratio) == 0)
     w = (fb.positions + 1) // ratio - 1
     inputs = {"kv": kv, "gate": gate}
-    rows = rows_from_positions(
-        cfg, p, lambda pos, k: _by_position(ring[k], inputs[k], fb, pos), jnp.maximum(w, 0), ratio, head_dim, overlap
-    )
+    if cfg.batch_invariant:
+        def tile_rows(w_t, length_t, start_t, slot_t):
+            tb = dataclasses.replace(fb, length=length_t, start=start_t, slot=slot_t)
+            return rows_from_positions(
+                cfg, p, lambda pos, k: _by_position(ring[k], inputs[k], tb, pos), w_t, ratio, head_dim, overlap
+            )
+
+        rows = token_tiled(tile_rows, jnp.maximum(w, 0), fb.length, fb.start, fb.slot)
+    else:
+        rows = rows_from_positions(
+            cfg, p, lambda pos, k: _by_position(ring[k], inputs[k], fb, pos), jnp.maximum(w, 0), ratio, head_dim, overlap
+        )
     pool = st["rows"]
     page = jnp.take_along_axis(table, (jnp.maximum(w, 0) // page_size)[:, None], axis=1, mode="clip")[:, 0]
     page = jnp.where(closes, page, pool.shape[0])
@@ -112,13 +123,20 @@ def paged_attention(cfg: ModelConfig, p: dict, layer_type: str, st: dict, x: jax
     q_latent, q, kv = q_latent[0], q[0], kv[0]
 
     ring = st["window"]
-    ring_keys = _take_slots(ring, fb.slot)
-    ring_pos = ring_positions(fb.length, ring.shape[1])
-    d = fb.positions[:, None] - ring_pos
-    ring_mask = (ring_pos >= 0) & (d >= 0) & (d < cfg.sliding_window)
-    d2 = fb.positions[:, None] - fb.positions[None, :]
-    step_mask = (fb.row[:, None] == fb.row[None, :]) & fb.valid[None, :] & (d2 >= 0) & (d2 < cfg.sliding_window)
-    parts = [(ring_keys, ring_mask, False), (kv, step_mask, True)]
+    if cfg.batch_invariant:
+        # Each token's window keys gathered by position (from the ring or this step), a fixed
+        # [T, window] set in position order: the same reduction whatever the step holds.
+        window_pos = fb.positions[:, None] - jnp.arange(cfg.sliding_window - 1, -1, -1)[None, :]
+        keys = _by_position(ring, kv, fb, jnp.maximum(window_pos, 0))
+        parts = [(keys, window_pos >= 0, False)]
+    else:
+        ring_keys = _take_slots(ring, fb.slot)
+        ring_pos = ring_positions(fb.length, ring.shape[1])
+        d = fb.positions[:, None] - ring_pos
+        ring_mask = (ring_pos >= 0) & (d >= 0) & (d < cfg.sliding_window)
+        d2 = fb.positions[:, None] - fb.positions[None, :]
+        step_mask = (fb.row[:, None] == fb.row[None, :]) & fb.valid[None, :] & (d2 >= 0) & (d2 < cfg.sliding_window)
+        parts = [(ring_keys, ring_mask, False), (kv, step_mask, True)]
     new_st = {"window": _write_ring(ring, kv, fb)}
 
     if layer_type in (CSA, HCA):
