@@ -46,6 +46,8 @@ class RequestOutput:
     prompt_token_ids: list[int]
     outputs: list[CompletionOutput] = field(default_factory=list)
     finished: bool = True
+    # when asked for: None for the first prompt token, then (logprob, top ids, top logprobs) per token
+    prompt_logprobs: list | None = None
 
 
 class LLM:
@@ -132,7 +134,13 @@ class LLM:
         finally:
             if bar:
                 bar.close()
+        first_req = {}
+        for req, choice in tracked.values():
+            first_req.setdefault(id(choice), req)
         for result in results:
+            req = first_req[id(result.outputs[0])]
+            if req.sampling_params.prompt_logprobs is not None:
+                result.prompt_logprobs = [None] + [req.prompt_logprobs.get(p) for p in range(1, len(req.prompt_token_ids))]
             result.outputs = [_completion(c) for c in result.outputs]
         return results
 

@@ -155,3 +155,27 @@ def test_seeds_reproduce_across_engines_and_n_choices_differ():
         runs.append([r.output_token_ids for r in run(engine, [prompt] * 4, sp.choices())])
     assert runs[0] == runs[1]
     assert len({tuple(o) for o in runs[0]}) == 4
+
+
+def test_prompt_logprobs_match_the_full_forward():
+    """Each prompt token's logprob given the tokens before it (chunked prefill across steps,
+    beside another request) equals log-softmax of the whole-sequence forward."""
+    from deepinfer.models.deepseek_v4 import forward
+
+    case = load_case("mixed")
+    engine = LLMEngine(case.cfg, case.params, EngineConfig(max_num_batched_tokens=8, **ENGINE_KW))
+    rng = np.random.default_rng(9)
+    prompt = rng.integers(0, case.cfg.vocab_size, 23).tolist()
+    other = engine.add_request(rng.integers(0, case.cfg.vocab_size, 5).tolist(), SamplingParams(max_tokens=3))
+    req = engine.add_request(prompt, SamplingParams(temperature=0, max_tokens=2, prompt_logprobs=3))
+    engine.run_until_done()
+    engine.check_all_free()
+    assert other.prompt_logprobs == {}
+    logits = np.asarray(jax.jit(forward, static_argnums=0)(case.cfg, case.params, np.asarray([prompt])))[0].astype(np.float64)
+    ref = logits - logits.max(-1, keepdims=True)
+    ref = ref - np.log(np.exp(ref).sum(-1, keepdims=True))
+    assert sorted(req.prompt_logprobs) == list(range(1, len(prompt)))
+    for pos, (chosen, ids, lps) in req.prompt_logprobs.items():
+        assert abs(chosen - ref[pos - 1, prompt[pos]]) < 1e-4
+        assert ids == np.argsort(-ref[pos - 1], kind="stable")[:3].tolist()
+        np.testing.assert_allclose(lps, ref[pos - 1, ids], atol=1e-4)

@@ -214,12 +214,13 @@ def test_pack_layout():
     tokens, positions, token_row, valid = ints[:t], ints[t : 2 * t], ints[2 * t : 3 * t], ints[3 * t : 4 * t]
     assert tokens[:7].tolist() == [7, 2, 3, 4, 5, 6, 7] and valid.tolist() == [1] * 7 + [0] * 9
     assert positions[:7].tolist() == [5, 0, 1, 2, 3, 4, 5] and token_row[:7].tolist() == [0, 1, 1, 1, 1, 1, 1]
-    rows = ints[4 * t : 4 * t + 9 * r].reshape(9, r)
+    assert (ints[4 * t : 5 * t] == -1).all()  # next_prompt_token: nobody asked for prompt logprobs
+    rows = ints[5 * t : 5 * t + 9 * r].reshape(9, r)
     slot, length, n_new, start, sample, seed, top_k, logprobs, prompt_len = rows
     assert slot.tolist() == [0, 1, 4, 4] and length[:2].tolist() == [5, 0] and n_new[:2].tolist() == [1, 6]
     assert start[:2].tolist() == [0, 1] and sample[:2].tolist() == [1, 1] and seed[:2].tolist() == [11, 12]
     assert top_k[:2].tolist() == [3, 0] and prompt_len[:2].tolist() == [5, 6] and logprobs[:2].tolist() == [0, 0]
-    at = 4 * t + 9 * r
+    at = 5 * t + 9 * r
     csa_table = ints[at : at + 8 * r].reshape(r, 8)
     assert csa_table[0, 0] == plan.scheduled[0][0].pages["csa"][0] and csa_table[2].tolist() == [32] * 8
     bias_ids = ints[at + 8 * r + 4 * r :].reshape(r, -1)

@@ -161,6 +161,13 @@ def test_logprobs(server, client):
         assert chosen >= max(top.values()) - 1e-6
         assert sum(2.718281828 ** v for v in top.values()) <= 1 + 1e-5
     assert "".join(lp.tokens) == out.choices[0].text or "\ufffd" in out.choices[0].text
+    plp = client.completions.create(model=MODEL, prompt="abc", max_tokens=1, extra_body={"prompt_logprobs": 2})
+    listing = plp.choices[0].model_extra["prompt_logprobs"]
+    assert listing[0] is None and len(listing) == 3
+    for pos, char in ((1, "b"), (2, "c")):
+        entry = listing[pos][str(ord(char))]  # byte-level ids: the prompt token itself is listed
+        assert entry["decoded_token"] == char and entry["logprob"] <= 0
+        assert len(listing[pos]) <= 3
     chat = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=4,
                                           temperature=0, logprobs=True, top_logprobs=2, extra_body={"ignore_eos": True})
     content = chat.choices[0].logprobs.content

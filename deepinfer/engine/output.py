@@ -24,6 +24,7 @@ class ChoiceDelta:
     logprobs: list[TokenLogprobs | None]
     finish_reason: str | None = None
     stop_reason: str | int | None = None
+    prompt_logprobs: dict | None = None  # position -> (logprob, top ids, top logprobs), first delta only
 
 
 @dataclass

@@ -6,6 +6,7 @@ tokens are marked invalid and padding rows point at out-of-range slots and pages
 (the device drops their writes). Layout of the int buffer, in order:
 
     tokens[T] (-1: read the slot's last sampled token on device) positions[T] token_row[T] valid[T]
+    next_prompt_token[T] (the prompt token after this one, for prompt_logprobs; -1: none wanted)
     slot[R] length[R] n_new[R] start[R] sample[R] seed[R] top_k[R] logprobs[R] (1: report log-probabilities)
     prompt_len[R]
     block_table[pool][R, max_pages]   (one per pool, in PoolSpec order)
@@ -25,7 +26,7 @@ import numpy as np
 from deepinfer.engine.sampling_params import MAX_BIAS_SLOTS
 from deepinfer.engine.scheduler import PoolSpec, StepPlan
 
-INT_FIELDS_T = ("tokens", "positions", "token_row", "valid")
+INT_FIELDS_T = ("tokens", "positions", "token_row", "valid", "next_prompt_token")
 INT_FIELDS_R = ("slot", "length", "n_new", "start", "sample", "seed", "top_k", "logprobs", "prompt_len")
 FLOAT_FIELDS_R = ("temperature", "top_p", "min_p", "repetition_penalty", "presence_penalty", "frequency_penalty")
 
@@ -70,6 +71,7 @@ def pack(
     if plan.num_tokens > t_cap or len(plan.scheduled) > r_cap:
         raise ValueError(f"plan of {plan.num_tokens} tokens / {len(plan.scheduled)} rows exceeds shape {shape}")
     tok = {f: np.zeros(t_cap, np.int32) for f in INT_FIELDS_T}
+    tok["next_prompt_token"][:] = -1
     row = {f: np.zeros(r_cap, np.int32) for f in INT_FIELDS_R}
     row["slot"][:] = num_slots  # out of range for padding rows: writes dropped
     flo = {f: np.zeros(r_cap, np.float32) for f in FLOAT_FIELDS_R}
@@ -91,6 +93,12 @@ def pack(
         tok["positions"][sl] = np.arange(start, start + n)
         tok["token_row"][sl] = i
         tok["valid"][sl] = 1
+        tok["next_prompt_token"][sl] = -1
+        if req.sampling_params.prompt_logprobs is not None:
+            plen = len(req.prompt_token_ids)
+            for j, pos in enumerate(range(start, start + n)):
+                if pos + 1 < plen:
+                    tok["next_prompt_token"][offset + j] = req.prompt_token_ids[pos + 1]
         sp = req.sampling_params
         row["slot"][i] = req.slot
         row["length"][i] = start

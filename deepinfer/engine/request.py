@@ -39,6 +39,8 @@ class Request:
     logits: list = field(default_factory=list)  # per generated token, only when the engine keeps them
     # output index -> (sampled logprob, top ids, top logprobs), when sampling_params.logprobs is set
     token_logprobs: dict[int, tuple[float, list[int], list[float]]] = field(default_factory=dict)
+    # prompt position (>= 1) -> (logprob of that prompt token, top ids, top logprobs), when asked for
+    prompt_logprobs: dict[int, tuple[float, list[int], list[float]]] = field(default_factory=dict)
     error: str | None = None  # why the engine failed this request (finish_reason "error")
     first_scheduled_time: float | None = None  # time.monotonic() when first admitted to the batch
 

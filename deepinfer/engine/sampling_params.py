@@ -45,6 +45,8 @@ class SamplingParams:
     choices run as n sequences with seeds ``choice_seed(seed, i)``.
     ``logprobs``: None for none, k >= 0 for the sampled token's log-probability
     plus the k most likely alternatives (log-softmax of the model's raw logits).
+    ``prompt_logprobs``: None, or k >= 0 for each prompt token's log-probability
+    given the tokens before it, plus the k most likely alternatives.
     ``stop``: strings that end the output (matched in the detokenized text,
     across token boundaries; not included in the text).
 
@@ -114,8 +116,10 @@ class SamplingParams:
             raise ValueError(f"min_tokens must be an integer >= 0, got {self.min_tokens!r}")
         if self.max_tokens is not None and self.min_tokens > self.max_tokens:
             raise ValueError(f"min_tokens ({self.min_tokens}) must not exceed max_tokens ({self.max_tokens})")
-        if self.prompt_logprobs is not None:
-            raise ValueError("prompt_logprobs is not supported yet")
+        if self.prompt_logprobs is not None and (
+            not _is_int(self.prompt_logprobs) or not 0 <= self.prompt_logprobs <= MAX_LOGPROBS
+        ):
+            raise ValueError(f"prompt_logprobs must be an integer in [0, {MAX_LOGPROBS}] or None, got {self.prompt_logprobs!r}")
 
     @property
     def uses_penalties(self) -> bool:

@@ -245,7 +245,7 @@ class LLMEngine:
         self.last_wait_s = time.perf_counter() - t0
         kept = np.asarray(logits) if self.config.keep_logits else None
         wants_lp = any(r.sampling_params.logprobs is not None for r, _ in plan.scheduled)
-        lp = tuple(np.asarray(a) for a in logprobs) if wants_lp else None
+        lp = tuple(np.asarray(a) for a in logprobs[:3]) if wants_lp else None
         sampled = {}
         for i, (req, _) in enumerate(plan.scheduled):
             if plan.samples(req) and not req.is_finished:
@@ -258,6 +258,8 @@ class LLMEngine:
                     req.token_logprobs[plan.outputs[req.request_id]] = (
                         float(lp[0][i]), lp[1][i, :k].tolist(), lp[2][i, :k].tolist()
                     )
+        if any(r.sampling_params.prompt_logprobs is not None for r, _ in plan.scheduled):
+            self._record_prompt_logprobs(plan, logprobs[3:])
         finished = self.scheduler.update(plan, sampled)
         for req in finished:
             self._seeds.pop(req.request_id, None)
@@ -265,6 +267,21 @@ class LLMEngine:
             for index in [i for i in req.token_logprobs if i >= len(req.output_token_ids)]:
                 del req.token_logprobs[index]
         return finished
+
+    def _record_prompt_logprobs(self, plan: StepPlan, arrays: tuple) -> None:
+        """Each wanted prompt position p >= 1: logprob of prompt[p] given the tokens before it."""
+        chosen, ids, lps = (np.asarray(a) for a in arrays)
+        offset = 0
+        for req, n in plan.scheduled:
+            k = req.sampling_params.prompt_logprobs
+            start = plan.starts[req.request_id]
+            if k is not None and not req.is_finished:
+                for j in range(n):
+                    pos = start + j + 1  # the prompt position this token predicts
+                    if pos < len(req.prompt_token_ids) and pos not in req.prompt_logprobs:
+                        t = offset + j
+                        req.prompt_logprobs[pos] = (float(chosen[t]), ids[t, :k].tolist(), lps[t, :k].tolist())
+            offset += n
 
     def step(self) -> list[Request]:
         """Schedule and dispatch one step; record the previous one (overlap) or this one.

@@ -66,7 +66,8 @@ def paged_step(
     floats: jax.Array,
 ) -> tuple[jax.Array, jax.Array, tuple, dict]:
     """Returns (sampled tokens [R], logits [R, V] at each row's last token,
-    (sampled logprob [R], top ids [R, K], top logprobs [R, K]), new state).
+    (sampled logprob [R], top ids [R, K], top logprobs [R, K], and the same three per token [T] for
+    prompt logprobs), new state).
 
     Plan tokens of -1 are placeholders for a request's previous sampled token,
     read from ``state["last_token"][slot]``; this step's samples are written there.
@@ -105,6 +106,9 @@ def paged_step(
     sampled = sample(processed, f["length"] + f["n_new"], f["seed"], f["temperature"], f["top_k"], f["top_p"],
                      min_p=f["min_p"])
     logprobs = token_logprobs(logits, sampled, (f["logprobs"] > 0) & (f["sample"] > 0), MAX_LOGPROBS)
+    # prompt logprobs: the lm head at every token whose next prompt token is wanted (skipped otherwise)
+    head = lambda h: lm_head(cfg, params, params["hc_head"], params["norm"], h)  # noqa: E731
+    prompt_lp = token_logprobs(streams[0], f["next_prompt_token"], f["next_prompt_token"] >= 0, MAX_LOGPROBS, head)
     writes = jnp.where(f["sample"] > 0, f["slot"], last_token.shape[0])  # padding / mid-prompt rows: dropped
     new_state = {
         "layers": [aux["attn.state"] for aux in layers_aux],
@@ -112,7 +116,7 @@ def paged_step(
         "counts": counts,
         "in_prompt": in_prompt,
     }
-    return sampled, logits, logprobs, new_state
+    return sampled, logits, logprobs + prompt_lp, new_state
 
 
 # One program per static (config, layout, plan shape); the state is updated in place.

@@ -106,21 +106,27 @@ def sample(
     return jax.lax.cond(jnp.all(temperature <= 0), lambda _: greedy, sampled, None)
 
 
-def token_logprobs(logits: jax.Array, sampled: jax.Array, wanted: jax.Array, k: int) -> tuple[jax.Array, jax.Array, jax.Array]:
+def token_logprobs(
+    logits: jax.Array, sampled: jax.Array, wanted: jax.Array, k: int, logits_fn=None
+) -> tuple[jax.Array, jax.Array, jax.Array]:
     """Log-probabilities (log-softmax of the raw logits [B, V]) of the sampled tokens [B]
     and the k most likely tokens per row: (sampled_lp [B], top_ids [B, k], top_lp [B, k]).
 
     Computed only when some row asks (``wanted`` [B] bool); zeros otherwise.
+    ``logits_fn``: when given, ``logits`` is its input and the [B, V] logits are
+    ``logits_fn(logits)``, computed only inside the taken branch (prompt logprobs
+    need the lm head at every token, which is skipped when nobody asks).
     """
-    b, vocab = logits.shape
+    b = logits.shape[0]
+    vocab = jax.eval_shape(logits_fn, logits).shape[-1] if logits_fn is not None else logits.shape[-1]
     k = min(k, vocab)
 
     def compute(_):
-        x = logits.astype(jnp.float32)
+        x = (logits_fn(logits) if logits_fn is not None else logits).astype(jnp.float32)
         shifted = x - jnp.max(x, axis=-1, keepdims=True)
         logp = shifted - jnp.log(fixed_sum(jnp.exp(shifted), axis=-1, keepdims=True))  # batch-independent bits
         top_lp, top_ids = jax.lax.top_k(logp, k)
-        chosen = jnp.take_along_axis(logp, sampled[:, None], axis=-1)[:, 0]
+        chosen = jnp.take_along_axis(logp, jnp.maximum(sampled, 0)[:, None], axis=-1)[:, 0]
         return chosen, top_ids.astype(jnp.int32), top_lp
 
     def skip(_):

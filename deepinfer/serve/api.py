@@ -25,7 +25,15 @@ from deepinfer.engine.output import ChoiceDelta, ChoiceOutput
 from deepinfer.engine.sampling_params import SamplingParams
 from deepinfer.serve.async_engine import AsyncEngine
 from deepinfer.serve.errors import APIError, bad_request
-from deepinfer.serve.formatting import SSE_DONE, TokenText, chat_logprobs, completion_logprobs, sse, usage
+from deepinfer.serve.formatting import (
+    SSE_DONE,
+    TokenText,
+    chat_logprobs,
+    completion_logprobs,
+    prompt_logprobs_listing,
+    sse,
+    usage,
+)
 from deepinfer.serve.metrics import ServerMetrics
 from deepinfer.serve.protocol import (
     ChatCompletionRequest,
@@ -223,6 +231,7 @@ async def run(state: ServerState, seqs: list[Sequence], arrival: float) -> Async
                         m.inter_token_latency.observe((upd.time - last) / len(upd.token_ids))
                 last = upd.time if upd.token_ids or last is not None else last
                 delta = choice.add(upd.token_ids, upd.logprobs, upd.finish_reason)
+                delta.prompt_logprobs = upd.prompt_logprobs
                 m.generation_tokens.inc(len(delta.token_ids))
                 if delta.finish_reason is not None:
                     m.e2e_request_latency.observe(time.monotonic() - arrival)
@@ -253,7 +262,7 @@ async def run(state: ServerState, seqs: list[Sequence], arrival: float) -> Async
 
 async def collect(state: ServerState, seqs: list[Sequence], arrival: float, request: Request) -> dict[int, dict]:
     """Run to completion (non-streaming). A client that goes away cancels its sequences."""
-    results: dict[int, dict] = {s.index: {"text": "", "ids": [], "lps": [], "finish": None, "stop": None} for s in seqs}
+    results: dict[int, dict] = {s.index: {"text": "", "ids": [], "lps": [], "finish": None, "stop": None, "plp": None} for s in seqs}
 
     async def gather():
         async for seq, delta, error in run(state, seqs, arrival):
@@ -264,6 +273,7 @@ async def collect(state: ServerState, seqs: list[Sequence], arrival: float, requ
             r["ids"] += delta.token_ids
             r["lps"] += delta.logprobs
             r["finish"], r["stop"] = delta.finish_reason, delta.stop_reason
+            r["plp"] = delta.prompt_logprobs if delta.prompt_logprobs is not None else r["plp"]
 
     task = asyncio.create_task(gather())
     try:
@@ -380,6 +390,8 @@ def build_app(state: ServerState, lifespan=None) -> FastAPI:
             choices.append({
                 "index": seq.index, "text": r["text"], "finish_reason": r["finish"], "stop_reason": r["stop"],
                 "logprobs": completion_logprobs(r["ids"], r["lps"], state.text_of, 0) if req.logprobs is not None else None,
+                "prompt_logprobs": prompt_logprobs_listing(seq.prompt_ids, r["plp"] or {}, state.text_of)
+                if req.prompt_logprobs is not None else None,
             })
         return {
             "id": rid, "object": "text_completion", "created": int(time.time()), "model": state.model_name,
@@ -471,17 +483,19 @@ async def stream_completion(state, rid, seqs, arrival, n_prompt, include_usage, 
             yield sse(APIError(500, f"generation failed: {error}").body())
             break
         n_out += len(delta.token_ids)
-        if not delta.text and delta.finish_reason is None and not (want_logprobs and delta.token_ids):
+        if not delta.text and delta.finish_reason is None and not (want_logprobs and delta.token_ids) \
+                and delta.prompt_logprobs is None:
             continue  # nothing to show yet (e.g. half a UTF-8 character)
         lp = None
         if want_logprobs:
             lp = completion_logprobs(delta.token_ids, delta.logprobs, state.text_of, offsets[seq.index])
             offsets[seq.index] += sum(len(t) for t in lp["tokens"])
-        yield sse({
-            "id": rid, "object": "text_completion", "created": created, "model": state.model_name,
-            "choices": [{"index": seq.index, "text": delta.text, "logprobs": lp,
-                         "finish_reason": delta.finish_reason, "stop_reason": delta.stop_reason}],
-        })
+        choice = {"index": seq.index, "text": delta.text, "logprobs": lp,
+                  "finish_reason": delta.finish_reason, "stop_reason": delta.stop_reason}
+        if delta.prompt_logprobs is not None:
+            choice["prompt_logprobs"] = prompt_logprobs_listing(seq.prompt_ids, delta.prompt_logprobs, state.text_of)
+        yield sse({"id": rid, "object": "text_completion", "created": created, "model": state.model_name,
+                   "choices": [choice]})
     if include_usage:
         yield sse({"id": rid, "object": "text_completion", "created": created, "model": state.model_name,
                    "choices": [], "usage": usage(n_prompt, n_out)})

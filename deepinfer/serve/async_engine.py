@@ -37,6 +37,7 @@ class Update:
     error: str | None = None
     time: float = 0.0
     first_scheduled_time: float | None = None
+    prompt_logprobs: dict | None = None  # with the first update, when the request asked for them
 
 
 @dataclass
@@ -155,7 +156,10 @@ class AsyncEngine:
                 ids, lps, reason = take_new(req, stream.sent)
                 stream.sent += len(ids)
                 if ids or reason:
-                    stream.push(Update(ids, lps, reason, None, now, req.first_scheduled_time))
+                    plp = None
+                    if stream.sent == len(ids) and req.sampling_params.prompt_logprobs is not None:
+                        plp = dict(req.prompt_logprobs)  # the prompt is done once the first token exists
+                    stream.push(Update(ids, lps, reason, None, now, req.first_scheduled_time, plp))
                 if reason:
                     del self._streams[req.request_id]
             self._refresh()

@@ -67,3 +67,20 @@ def usage(prompt_tokens: int, completion_tokens: int) -> dict:
         "completion_tokens": completion_tokens,
         "total_tokens": prompt_tokens + completion_tokens,
     }
+
+
+def prompt_logprobs_listing(prompt_ids: list[int], entries: dict, text_of: TokenText) -> list:
+    """vLLM's prompt_logprobs shape: None for the first token, then {token id: {logprob, decoded_token}}
+    holding the actual prompt token and the top alternatives."""
+    out = [None]
+    for pos in range(1, len(prompt_ids)):
+        e = entries.get(pos)
+        if e is None:
+            out.append(None)
+            continue
+        chosen, ids, lps = e
+        item = {str(prompt_ids[pos]): {"logprob": chosen, "decoded_token": text_of(prompt_ids[pos])[0]}}
+        for rank, (t, v) in enumerate(zip(ids, lps), start=1):
+            item.setdefault(str(t), {"logprob": v, "rank": rank, "decoded_token": text_of(t)[0]})
+        out.append(item)
+    return out

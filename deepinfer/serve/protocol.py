@@ -16,7 +16,7 @@ from deepinfer.serve.errors import bad_request
 
 # field -> the value that means "off" (accepted), for fields not implemented yet
 NOT_YET = {
-    "prompt_logprobs": None, "best_of": 1, "echo": False, "suffix": None,
+    "best_of": 1, "echo": False, "suffix": None,
     "response_format": None, "guided_json": None, "guided_regex": None, "guided_grammar": None,
     "guided_choice": None, "tools": None, "tool_choice": "none", "functions": None, "function_call": None,
     "parallel_tool_calls": None, "audio": None, "modalities": None, "prediction": None,
@@ -76,8 +76,8 @@ class _Sampling(_Strict):
     logit_bias: dict[str, float] | None = None
     min_p: float | None = None
     min_tokens: int | None = None
-    # accepted so the neutral value passes; anything else is refused by check_not_yet
     prompt_logprobs: int | None = None
+    # accepted so the neutral value passes; anything else is refused by check_not_yet
     best_of: int | None = None
 
     def sampling_params(self, max_tokens: int, logprobs: int | None) -> SamplingParams:
@@ -107,6 +107,7 @@ class _Sampling(_Strict):
                 frequency_penalty=self.frequency_penalty or 0.0,
                 logit_bias=bias,
                 min_tokens=self.min_tokens or 0,
+                prompt_logprobs=self.prompt_logprobs,
             )
         except ValueError as e:
             raise bad_request(str(e), str(e).split(" ", 1)[0]) from None
