@@ -25,7 +25,7 @@ import httpx
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from benchmarks.server_launch import launch, stop  # noqa: E402
+from deepinfer.serve.launch import launch, stop  # noqa: E402
 
 
 def first_token_s(base: str) -> float:
@@ -40,7 +40,8 @@ def first_token_s(base: str) -> float:
 
 def run(label: str, args: list[str], log_path: str) -> dict:
     t0 = time.perf_counter()
-    proc, base, up = launch(args, log_path)
+    proc, port, up = launch(args, log_path)
+    base = f"http://127.0.0.1:{port}"
     try:
         ttft = first_token_s(base)
         total = time.perf_counter() - t0

@@ -14,7 +14,6 @@ Random weights (configs/tiny_mixed.json, configs/mid.json); CPU unless a GPU is 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 
@@ -25,7 +24,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 import deepinfer  # noqa: E402
-from benchmarks.timing import best_time  # noqa: E402
+from benchmarks.timing import best_time, write_record  # noqa: E402
 from deepinfer.config import ModelConfig  # noqa: E402
 from deepinfer.engine.sampling_params import SamplingParams  # noqa: E402
 from deepinfer.models.deepseek_v4 import model_spec  # noqa: E402
@@ -100,10 +99,7 @@ def main():
                 print(f"{name:6} {b:>5} {'on' if overlap else 'off':>7} {r['engine_decode_tok_s']:>12} "
                       f"{r['generate_decode_tok_s']:>14} {r['ratio']:>6} {r['host_ms_per_step']:>12} "
                       f"{r['device_ms_per_step']:>14} {r['device_busy_fraction']:>5}", flush=True)
-    os.makedirs(os.path.dirname(args.out), exist_ok=True)
-    with open(args.out, "w") as f:
-        json.dump(record, f, indent=1)
-    print(json.dumps(record))
+    write_record(record, args.out)
 
 
 if __name__ == "__main__":

@@ -14,7 +14,6 @@ benchmarks/results/offline_throughput.json. Random weights.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
@@ -25,6 +24,7 @@ import numpy as np
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
+from benchmarks.timing import write_record  # noqa: E402
 from deepinfer.config import ModelConfig  # noqa: E402
 from deepinfer.engine.sampling_params import SamplingParams  # noqa: E402
 from deepinfer.models.deepseek_v4 import model_spec  # noqa: E402
@@ -88,10 +88,7 @@ def main():
               f"{off['total_tokens_per_s']} total tok/s; {off['steps']} steps, host {off['host_ms_per_step']} ms/step, "
               f"device busy {off['device_busy_fraction_last_256']} (last 256 steps); {off['programs']} programs, "
               f"warm-up {off['warmup_s']} s", flush=True)
-    os.makedirs(os.path.dirname(args.out), exist_ok=True)
-    with open(args.out, "w") as f:
-        json.dump(record, f, indent=1)
-    print(json.dumps(record))
+    write_record(record, args.out)
 
 
 if __name__ == "__main__":

@@ -30,7 +30,7 @@ import numpy as np
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from benchmarks.server_launch import launch, stop  # noqa: E402
+from deepinfer.serve.launch import launch, stop  # noqa: E402
 
 WORDS = "the of and to in is that for it as with was on be by at this from or an are not have which one".split()
 
@@ -166,7 +166,8 @@ def main():
     base = args.base_url
     if base is None:
         os.makedirs(os.path.dirname(args.out), exist_ok=True)
-        proc, base, up = launch(args.server_args.split(), os.path.join(os.path.dirname(args.out), "serving_server.log"))
+        proc, port, up = launch(args.server_args.split(), os.path.join(os.path.dirname(args.out), "serving_server.log"))
+        base = f"http://127.0.0.1:{port}"
         print(f"server up in {up:.1f} s at {base}", flush=True)
     try:
         device = "unknown"

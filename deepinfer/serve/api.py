@@ -357,14 +357,19 @@ def build_app(state: ServerState, lifespan=None) -> FastAPI:
             raise bad_request(f"tokens {bad[:8]} are outside the vocabulary [0, {state.vocab_size})", "tokens")
         return {"prompt": state.tokenizer.decode(req.tokens, skip_special_tokens=False)}
 
-    @app.post("/v1/completions")
-    async def completions(request: Request):
+    async def generation_request(request: Request, model: type[BaseModel]):
+        """The checks every generation endpoint starts with; returns (parsed request, arrival time)."""
         arrival = time.monotonic()
         check_auth(state, request)
         raw = await read_json(request, state.max_body_bytes)
         check_not_yet(raw)
-        req: CompletionRequest = parse(CompletionRequest, raw)
+        req = parse(model, raw)
         check_model(state, req.model)
+        return req, arrival
+
+    @app.post("/v1/completions")
+    async def completions(request: Request):
+        req, arrival = await generation_request(request, CompletionRequest)
         prompts = completion_prompts(state, req.prompt)
         given = "max_tokens" in req.model_fields_set
         max_tokens = [resolve_max_tokens(state, len(p), req.max_tokens if given else None, "max_tokens") for p in prompts]
@@ -400,12 +405,7 @@ def build_app(state: ServerState, lifespan=None) -> FastAPI:
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request):
-        arrival = time.monotonic()
-        check_auth(state, request)
-        raw = await read_json(request, state.max_body_bytes)
-        check_not_yet(raw)
-        req: ChatCompletionRequest = parse(ChatCompletionRequest, raw)
-        check_model(state, req.model)
+        req, arrival = await generation_request(request, ChatCompletionRequest)
         if req.top_logprobs is not None and not req.logprobs:
             raise bad_request("top_logprobs needs logprobs: true", "top_logprobs")
         prompt = encode(state, render_chat(state, req.messages, req.add_generation_prompt), "messages", False)
