@@ -109,6 +109,8 @@ def build_state(args: argparse.Namespace):
         batch_invariant=args.batch_invariant,
     )
     engine = LLMEngine(cfg, params, ec)
+    if ec.batch_invariant:
+        log.info("batch-invariant mode: on (XLA_FLAGS=%s)", os.environ.get("XLA_FLAGS", ""))
     shapes = engine.bucket_shapes()
     t1 = time.perf_counter()
     with tqdm(total=len(shapes), desc="Compiling step programs", unit="program", leave=False, disable=None) as wbar:

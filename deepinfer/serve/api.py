@@ -221,15 +221,15 @@ async def run(state: ServerState, seqs: list[Sequence], arrival: float) -> Async
                     m.finished("error")
                     await out.put((seq, None, upd.error))
                     return
-                if last is None:
-                    if upd.first_scheduled_time is not None:
-                        m.request_queue_time.observe(max(0.0, upd.first_scheduled_time - arrival))
-                    if upd.token_ids:
+                if upd.token_ids:
+                    if last is None:  # the first tokens: queue time and time to first token
+                        if upd.first_scheduled_time is not None:
+                            m.request_queue_time.observe(max(0.0, upd.first_scheduled_time - arrival))
                         m.time_to_first_token.observe(upd.time - arrival)
-                elif upd.token_ids:
-                    for _ in upd.token_ids:
-                        m.inter_token_latency.observe((upd.time - last) / len(upd.token_ids))
-                last = upd.time if upd.token_ids or last is not None else last
+                    else:  # tokens that arrived together share the gap since the last ones
+                        for _ in upd.token_ids:
+                            m.inter_token_latency.observe((upd.time - last) / len(upd.token_ids))
+                    last = upd.time
                 delta = choice.add(upd.token_ids, upd.logprobs, upd.finish_reason)
                 delta.prompt_logprobs = upd.prompt_logprobs
                 m.generation_tokens.inc(len(delta.token_ids))
