@@ -248,6 +248,10 @@ class Scheduler:
             raise AssertionError(str(e)) from None
         return True
 
+    def preempt(self, req: Request) -> None:
+        """Send a running request back to the front of the queue to recompute later (its outputs kept)."""
+        self._preempt(req)
+
     def _preempt(self, req: Request) -> None:
         self.running.remove(req)
         self._release(req)

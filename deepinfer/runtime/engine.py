@@ -328,7 +328,7 @@ class LLMEngine:
         # request still running recompute (its outputs so far are kept; placeholders dropped).
         for req in list(self.scheduler.running)[::-1]:
             del req.output_token_ids[req.num_resolved :]
-            self.scheduler._preempt(req)
+            self.scheduler.preempt(req)
         for req in self.scheduler.waiting:
             del req.output_token_ids[req.num_resolved :]
         self.state = init_paged_state(self.cfg, self.layout, self.dtype)

@@ -383,11 +383,8 @@ def build_app(state: ServerState, lifespan=None) -> FastAPI:
         check_room(state, len(seqs))
         n_prompt = sum(len(p) for p in prompts)
         if req.stream:
-            include_usage = bool(req.stream_options and req.stream_options.include_usage)
-            return StreamingResponse(
-                stream_completion(state, rid, seqs, arrival, n_prompt, include_usage, req.logprobs is not None),
-                media_type="text/event-stream",
-            )
+            return event_stream(stream_completion(state, rid, seqs, arrival, n_prompt, include_usage(req),
+                                                  req.logprobs is not None))
         results = await collect(state, seqs, arrival, request)
         choices = []
         for seq in seqs:
@@ -421,11 +418,7 @@ def build_app(state: ServerState, lifespan=None) -> FastAPI:
         seqs = sequences(rid, [prompt], [sp])
         check_room(state, len(seqs))
         if req.stream:
-            include_usage = bool(req.stream_options and req.stream_options.include_usage)
-            return StreamingResponse(
-                stream_chat(state, rid, seqs, arrival, len(prompt), include_usage, logprobs is not None),
-                media_type="text/event-stream",
-            )
+            return event_stream(stream_chat(state, rid, seqs, arrival, len(prompt), include_usage(req), logprobs is not None))
         results = await collect(state, seqs, arrival, request)
         choices = []
         for seq in seqs:
@@ -441,6 +434,15 @@ def build_app(state: ServerState, lifespan=None) -> FastAPI:
         }
 
     return app
+
+
+def include_usage(req) -> bool:
+    return bool(req.stream_options and req.stream_options.include_usage)
+
+
+def event_stream(chunks) -> StreamingResponse:
+    """An SSE response over an async iterator of ``data: ...`` lines."""
+    return StreamingResponse(chunks, media_type="text/event-stream")
 
 
 def completion_prompts(state: ServerState, prompt: Any) -> list[list[int]]:
