@@ -47,18 +47,14 @@ def build_tokenizer():
     """Byte-level BPE without merges: ids 0-255 are bytes, 256-259 the special tokens."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 
-    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet(), key=lambda c: _byte_of(c))
+    from deepinfer.engine.detokenizer import byte_decoder
+
+    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet(), key=byte_decoder().__getitem__)
     tok = Tokenizer(models.BPE(vocab={c: i for i, c in enumerate(alphabet)}, merges=[]))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
     tok.decoder = decoders.ByteLevel()
     tok.add_special_tokens(list(SPECIAL_TOKENS))
     return tok
-
-
-def _byte_of(char: str) -> int:
-    from deepinfer.engine.detokenizer import byte_decoder
-
-    return byte_decoder()[char]
 
 
 def cache_root() -> str:

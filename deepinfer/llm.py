@@ -110,6 +110,7 @@ class LLM:
         tok = self.tokenizer.tokenizer if self.tokenizer is not None else None
         tracked: dict[str, tuple[Any, ChoiceOutput]] = {}
         results = [RequestOutput(f"{i}", text, ids) for i, (text, ids) in enumerate(encoded)]
+        first_choice_reqs = []  # per prompt: the engine request of choice 0 (it holds the prompt logprobs)
         try:  # every prompt is checked before any runs: a bad one leaves nothing behind
             for (_, ids), sp, result in zip(encoded, sampling_params, results):
                 for i, choice_sp in enumerate(sp.choices()):
@@ -117,6 +118,8 @@ class LLM:
                     req = self.engine.add_request(ids, choice_sp)
                     tracked[req.request_id] = (req, choice)
                     result.outputs.append(choice)
+                    if i == 0:
+                        first_choice_reqs.append(req)
         except Exception:
             for req, _ in tracked.values():
                 self.engine.abort(req)
@@ -128,17 +131,13 @@ class LLM:
             bar = tqdm(total=len(tracked), desc="Processed prompts", unit="req")
         try:
             while self.engine.has_unfinished:
-                finished = self.engine.step()
-                for req in {id(r): r for r in self.engine.updated + finished}.values():
+                self.engine.step()
+                for req in self.engine.updated:  # includes the requests that finished
                     self._feed(req, tracked[req.request_id][1], bar)
         finally:
             if bar:
                 bar.close()
-        first_req = {}
-        for req, choice in tracked.values():
-            first_req.setdefault(id(choice), req)
-        for result in results:
-            req = first_req[id(result.outputs[0])]
+        for result, req in zip(results, first_choice_reqs):
             if req.sampling_params.prompt_logprobs is not None:
                 result.prompt_logprobs = [None] + [req.prompt_logprobs.get(p) for p in range(1, len(req.prompt_token_ids))]
             result.outputs = [_completion(c) for c in result.outputs]

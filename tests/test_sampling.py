@@ -73,7 +73,7 @@ def test_penalties_and_bias_exactly():
     counts = rng.integers(0, 3, (3, 10)).astype(np.int32)
     in_prompt = rng.random((3, 10)) < 0.3
     rep, pres, freq = np.array([1.3, 1.0, 0.8], np.float32), np.array([0.5, 0, -0.2], np.float32), np.array([0.25, 0, 1.0], np.float32)
-    got = np.asarray(apply_penalties(jnp.asarray(logits), jnp.asarray(counts), jnp.asarray(in_prompt),
+    got = np.asarray(apply_penalties(jnp.asarray(logits), jnp.asarray(counts), jnp.asarray(in_prompt), jnp.arange(3),
                                      jnp.asarray(rep), jnp.asarray(pres), jnp.asarray(freq)))
     seen = (counts > 0) | in_prompt
     want = np.where(seen, np.where(logits > 0, logits / rep[:, None], logits * rep[:, None]), logits)

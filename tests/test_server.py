@@ -322,8 +322,11 @@ def test_metrics_move(server, client):
     assert after["deepinfer:inter_token_latency_seconds_count"] - before["deepinfer:inter_token_latency_seconds_count"] == 6
     assert after["deepinfer:e2e_request_latency_seconds_count"] > before["deepinfer:e2e_request_latency_seconds_count"]
     assert after["deepinfer:engine_steps_total"] > before["deepinfer:engine_steps_total"]
-    for name in ("num_requests_running", "num_requests_waiting", "kv_cache_usage_perc"):
-        assert f"deepinfer:{name}" in after
+    wait_idle(server)
+    idle = metrics(server)
+    assert idle["deepinfer:num_requests_running"] == 0 and idle["deepinfer:num_requests_waiting"] == 0
+    assert idle["deepinfer:kv_cache_usage_perc"] == 0 and idle["deepinfer:kv_pages_used"] == 0
+    assert 0 < idle["deepinfer:device_busy_fraction"] <= 1 and idle["deepinfer:step_device_seconds_mean"] > 0
 
 
 def test_sigterm_lets_streams_finish(cache, tmp_path):

@@ -37,6 +37,7 @@ class ChoiceOutput:
     text: str = ""
     finish_reason: str | None = None
     stop_reason: str | int | None = None  # the stop string or stop token id that ended it
+    prompt_logprobs: dict | None = None  # prompt position -> (logprob, top ids, top logprobs), when asked for
 
     def __post_init__(self):
         sp = self.sampling_params

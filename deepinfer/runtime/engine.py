@@ -162,8 +162,9 @@ class LLMEngine:
         self._ids = itertools.count()
         self.num_steps = 0
         self._inflight: tuple | None = None  # (plan, device outputs) of the step not yet read
-        self.updated: list[Request] = []  # requests whose outputs the last step() filled in
+        self.updated: list[Request] = []  # requests whose outputs the last step() filled in (finished ones too)
         self.last_wait_s = 0.0
+        self.last_host_s = 0.0
         self.host_s = 0.0  # host time of all steps so far (step() wall time minus waits on the device)
         self.step_timer = StepTimer() if config.measure_device else None
         c = self.capacity
@@ -232,20 +233,23 @@ class LLMEngine:
             )
         self.num_compiles += counter.count
         self.compiled_shapes.add(shape)
-        for a in (tokens, *logprobs):
-            a.copy_to_host_async()  # start the device-to-host copy now, not when the host asks
+        wants_lp = any(r.sampling_params.logprobs is not None for r, _ in plan.scheduled)
+        wants_plp = any(r.sampling_params.prompt_logprobs is not None for r, _ in plan.scheduled)
+        # start the device-to-host copies of what will be read now, not when the host asks
+        for a in (tokens,) + (logprobs[:3] if wants_lp else ()) + (logprobs[3:] if wants_plp else ()):
+            a.copy_to_host_async()
         if self.step_timer is not None:
             self.step_timer.dispatched(tokens)
-        return tokens, logits, logprobs
+        return tokens, logits, (logprobs[:3] if wants_lp else None), (logprobs[3:] if wants_plp else None)
 
-    def _process(self, plan: StepPlan, tokens: jax.Array, logits: jax.Array, logprobs: tuple) -> list[Request]:
-        """Read a step's tokens (waits for that step only) and record them."""
+    def _process(self, plan: StepPlan, tokens: jax.Array, logits: jax.Array, logprobs, prompt_logprobs) -> list[Request]:
+        """Read a step's tokens (waits for that step only) and record them. ``logprobs`` /
+        ``prompt_logprobs``: the device arrays, or None when no request in the step asked."""
         t0 = time.perf_counter()
         tokens = np.asarray(tokens)
         self.last_wait_s = time.perf_counter() - t0
         kept = np.asarray(logits) if self.config.keep_logits else None
-        wants_lp = any(r.sampling_params.logprobs is not None for r, _ in plan.scheduled)
-        lp = tuple(np.asarray(a) for a in logprobs[:3]) if wants_lp else None
+        lp = tuple(np.asarray(a) for a in logprobs) if logprobs is not None else None
         sampled = {}
         for i, (req, _) in enumerate(plan.scheduled):
             if plan.samples(req) and not req.is_finished:
@@ -258,8 +262,8 @@ class LLMEngine:
                     req.token_logprobs[plan.outputs[req.request_id]] = (
                         float(lp[0][i]), lp[1][i, :k].tolist(), lp[2][i, :k].tolist()
                     )
-        if any(r.sampling_params.prompt_logprobs is not None for r, _ in plan.scheduled):
-            self._record_prompt_logprobs(plan, logprobs[3:])
+        if prompt_logprobs is not None:
+            self._record_prompt_logprobs(plan, prompt_logprobs)
         finished = self.scheduler.update(plan, sampled)
         for req in finished:
             self._seeds.pop(req.request_id, None)
@@ -309,7 +313,8 @@ class LLMEngine:
         except Exception as exc:
             plans = [plan] + ([self._inflight[0]] if self._inflight is not None else [])
             raise StepFailed(exc, self._recover(plans, exc)) from exc
-        self.host_s += time.perf_counter() - t_start - self.last_wait_s
+        self.last_host_s = time.perf_counter() - t_start - self.last_wait_s
+        self.host_s += self.last_host_s
         if dispatched is None and self._inflight is None and not finished and self.scheduler.has_unfinished:
             raise RuntimeError("scheduler made no progress: a request cannot fit the KV pools")
         return finished
@@ -350,11 +355,9 @@ class LLMEngine:
             self.step_timer.reset()
         return len(self.compiled_shapes)
 
-    def run_until_done(self, progress=None) -> None:
+    def run_until_done(self) -> None:
         while self.has_unfinished:
-            done = self.step()
-            if progress is not None and done:
-                progress(len(done))
+            self.step()
 
     def check_all_free(self) -> None:
         self.scheduler.check_all_free()

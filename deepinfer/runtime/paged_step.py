@@ -97,17 +97,17 @@ def paged_step(
 
     streams, layers_aux = run_layers(cfg, params, tokens, attention_for)
     last = jnp.clip(f["start"] + f["n_new"] - 1, 0, shape.num_tokens - 1)
-    logits = lm_head(cfg, params, params["hc_head"], params["norm"], streams[0][last])
+    head = lambda h: lm_head(cfg, params, params["hc_head"], params["norm"], h)  # noqa: E731
+    logits = head(streams[0][last])
     counts, in_prompt = update_token_stats(state["counts"], state["in_prompt"], f, fb, tokens[0])
     slot = jnp.minimum(f["slot"], counts.shape[0] - 1)  # padding rows read any slot; their samples are dropped
     processed = apply_logit_bias(logits, f["bias_ids"], f["bias_vals"])
-    processed = apply_penalties(processed, counts[slot], in_prompt[slot], f["repetition_penalty"],
+    processed = apply_penalties(processed, counts, in_prompt, slot, f["repetition_penalty"],
                                 f["presence_penalty"], f["frequency_penalty"])
     sampled = sample(processed, f["length"] + f["n_new"], f["seed"], f["temperature"], f["top_k"], f["top_p"],
                      min_p=f["min_p"])
     logprobs = token_logprobs(logits, sampled, (f["logprobs"] > 0) & (f["sample"] > 0), MAX_LOGPROBS)
     # prompt logprobs: the lm head at every token whose next prompt token is wanted (skipped otherwise)
-    head = lambda h: lm_head(cfg, params, params["hc_head"], params["norm"], h)  # noqa: E731
     prompt_lp = token_logprobs(streams[0], f["next_prompt_token"], f["next_prompt_token"] >= 0, MAX_LOGPROBS, head)
     writes = jnp.where(f["sample"] > 0, f["slot"], last_token.shape[0])  # padding / mid-prompt rows: dropped
     new_state = {

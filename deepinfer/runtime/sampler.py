@@ -32,18 +32,20 @@ def apply_logit_bias(logits: jax.Array, ids: jax.Array, values: jax.Array) -> ja
 
 
 def apply_penalties(
-    logits: jax.Array, counts: jax.Array, in_prompt: jax.Array,
+    logits: jax.Array, counts: jax.Array, in_prompt: jax.Array, slots: jax.Array,
     repetition: jax.Array, presence: jax.Array, frequency: jax.Array,
 ) -> jax.Array:
     """Repetition (tokens in prompt or output: positive logits divided, negative multiplied),
     then frequency * count and presence * (count > 0) subtracted (output tokens only).
-    counts [B, V] int (output occurrences), in_prompt [B, V] bool. Skipped when no row asks."""
+    counts [S, V] int (output occurrences per slot), in_prompt [S, V] bool, slots [B]: each
+    row's slot. Skipped, gathers included, when no row asks."""
 
     def apply(_):
-        seen = (counts > 0) | in_prompt
+        c = counts[slots]
+        seen = (c > 0) | in_prompt[slots]
         rep = repetition[:, None]
         x = jnp.where(seen, jnp.where(logits > 0, logits / rep, logits * rep), logits)
-        c = counts.astype(jnp.float32)
+        c = c.astype(jnp.float32)
         return x - frequency[:, None] * c - presence[:, None] * (c > 0)
 
     wanted = jnp.any(repetition != 1.0) | jnp.any(presence != 0.0) | jnp.any(frequency != 0.0)

@@ -203,14 +203,19 @@ def sequences(prefix: str, prompts: list[list[int]], sps: list[SamplingParams]) 
 # -- running sequences ----------------------------------------------------------------
 
 
-async def run(state: ServerState, seqs: list[Sequence], arrival: float) -> AsyncIterator[tuple[Sequence, ChoiceDelta | None, str | None]]:
-    """Merge the outputs of several sequences: yields (sequence, delta, error) as they arrive."""
+async def run(
+    state: ServerState, seqs: list[Sequence], arrival: float, choices: dict[int, ChoiceOutput] | None = None
+) -> AsyncIterator[tuple[Sequence, ChoiceDelta | None, str | None]]:
+    """Merge the outputs of several sequences: yields (sequence, delta, error) as they arrive.
+    ``choices``, when given, receives each sequence's accumulated ChoiceOutput by choice index."""
     out: asyncio.Queue = asyncio.Queue()
     tok = state.tokenizer.tokenizer if state.tokenizer else None
     m = state.metrics
 
     async def pump(seq: Sequence):
         choice = ChoiceOutput(seq.index, seq.sp, tok)
+        if choices is not None:
+            choices[seq.index] = choice
         gen = state.engine.generate(seq.request_id, seq.prompt_ids, seq.sp)
         m.prompt_tokens.inc(len(seq.prompt_ids))
         last, failed = None, False
@@ -231,7 +236,8 @@ async def run(state: ServerState, seqs: list[Sequence], arrival: float) -> Async
                             m.inter_token_latency.observe((upd.time - last) / len(upd.token_ids))
                     last = upd.time
                 delta = choice.add(upd.token_ids, upd.logprobs, upd.finish_reason)
-                delta.prompt_logprobs = upd.prompt_logprobs
+                if upd.prompt_logprobs is not None:
+                    delta.prompt_logprobs = choice.prompt_logprobs = upd.prompt_logprobs
                 m.generation_tokens.inc(len(delta.token_ids))
                 if delta.finish_reason is not None:
                     m.e2e_request_latency.observe(time.monotonic() - arrival)
@@ -260,20 +266,15 @@ async def run(state: ServerState, seqs: list[Sequence], arrival: float) -> Async
         await asyncio.gather(*tasks, return_exceptions=True)
 
 
-async def collect(state: ServerState, seqs: list[Sequence], arrival: float, request: Request) -> dict[int, dict]:
-    """Run to completion (non-streaming). A client that goes away cancels its sequences."""
-    results: dict[int, dict] = {s.index: {"text": "", "ids": [], "lps": [], "finish": None, "stop": None, "plp": None} for s in seqs}
+async def collect(state: ServerState, seqs: list[Sequence], arrival: float, request: Request) -> dict[int, ChoiceOutput]:
+    """Run to completion (non-streaming): each choice's output by index. A client that goes
+    away cancels its sequences."""
+    results: dict[int, ChoiceOutput] = {}
 
     async def gather():
-        async for seq, delta, error in run(state, seqs, arrival):
+        async for _, _, error in run(state, seqs, arrival, results):
             if error is not None:
                 raise APIError(500, f"generation failed: {error}")
-            r = results[seq.index]
-            r["text"] += delta.text
-            r["ids"] += delta.token_ids
-            r["lps"] += delta.logprobs
-            r["finish"], r["stop"] = delta.finish_reason, delta.stop_reason
-            r["plp"] = delta.prompt_logprobs if delta.prompt_logprobs is not None else r["plp"]
 
     task = asyncio.create_task(gather())
     try:
@@ -388,16 +389,16 @@ def build_app(state: ServerState, lifespan=None) -> FastAPI:
         results = await collect(state, seqs, arrival, request)
         choices = []
         for seq in seqs:
-            r = results[seq.index]
+            c = results[seq.index]
             choices.append({
-                "index": seq.index, "text": r["text"], "finish_reason": r["finish"], "stop_reason": r["stop"],
-                "logprobs": completion_logprobs(r["ids"], r["lps"], state.text_of, 0) if req.logprobs is not None else None,
-                "prompt_logprobs": prompt_logprobs_listing(seq.prompt_ids, r["plp"] or {}, state.text_of)
+                "index": seq.index, "text": c.text, "finish_reason": c.finish_reason, "stop_reason": c.stop_reason,
+                "logprobs": completion_logprobs(c.token_ids, c.logprobs, state.text_of, 0) if req.logprobs is not None else None,
+                "prompt_logprobs": prompt_logprobs_listing(seq.prompt_ids, c.prompt_logprobs or {}, state.text_of)
                 if req.prompt_logprobs is not None else None,
             })
         return {
             "id": rid, "object": "text_completion", "created": int(time.time()), "model": state.model_name,
-            "choices": choices, "usage": usage(n_prompt, sum(len(r["ids"]) for r in results.values())),
+            "choices": choices, "usage": usage(n_prompt, sum(len(c.token_ids) for c in results.values())),
         }
 
     @app.post("/v1/chat/completions")
@@ -422,15 +423,15 @@ def build_app(state: ServerState, lifespan=None) -> FastAPI:
         results = await collect(state, seqs, arrival, request)
         choices = []
         for seq in seqs:
-            r = results[seq.index]
+            c = results[seq.index]
             choices.append({
-                "index": seq.index, "message": {"role": "assistant", "content": r["text"]},
-                "finish_reason": r["finish"], "stop_reason": r["stop"],
-                "logprobs": chat_logprobs(r["ids"], r["lps"], state.text_of) if logprobs is not None else None,
+                "index": seq.index, "message": {"role": "assistant", "content": c.text},
+                "finish_reason": c.finish_reason, "stop_reason": c.stop_reason,
+                "logprobs": chat_logprobs(c.token_ids, c.logprobs, state.text_of) if logprobs is not None else None,
             })
         return {
             "id": rid, "object": "chat.completion", "created": int(time.time()), "model": state.model_name,
-            "choices": choices, "usage": usage(len(prompt), sum(len(r["ids"]) for r in results.values())),
+            "choices": choices, "usage": usage(len(prompt), sum(len(c.token_ids) for c in results.values())),
         }
 
     return app

@@ -132,9 +132,8 @@ class AsyncEngine:
                 self._wake.wait(0.5)
                 self._wake.clear()
                 continue
-            t0 = time.perf_counter()
             try:
-                finished = engine.step()
+                engine.step()
             except StepFailed as e:
                 for req in e.failed:
                     self._finish_stream(req, error=f"engine step failed: {req.error}")
@@ -144,12 +143,11 @@ class AsyncEngine:
                 self._fail_all(f"engine error: {type(e).__name__}: {e}")
                 continue
             if self.metrics is not None:
-                total = time.perf_counter() - t0
-                self.metrics.step_host_time.observe(total - engine.last_wait_s)
+                self.metrics.step_host_time.observe(engine.last_host_s)
                 self.metrics.step_wait_time.observe(engine.last_wait_s)
                 self.metrics.num_steps.inc()
             now = time.monotonic()
-            for req in {id(r): r for r in engine.updated + finished}.values():
+            for req in engine.updated:  # includes the requests that finished
                 stream = self._streams.get(req.request_id)
                 if stream is None:
                     continue
@@ -209,7 +207,6 @@ class AsyncEngine:
             slots_used=sched.slots.num_slots - sched.slots.num_free,
             num_preemptions=sched.num_preemptions,
         )
-        self.snapshot = snap
         m = self.metrics
         if m is not None:
             m.num_requests_running.set(snap.running)
@@ -217,10 +214,11 @@ class AsyncEngine:
             m.kv_cache_usage_perc.set(snap.kv_usage)
             m.kv_pages_used.set(sum(snap.pages_used.values()))
             m.num_preemptions.inc(snap.num_preemptions - self._preemptions_seen)
+            self._preemptions_seen = snap.num_preemptions
             timer = self.engine.step_timer
             if timer is not None:
                 summary = timer.summary()
                 if summary["busy_fraction"] is not None:
                     m.device_busy_fraction.set(summary["busy_fraction"])
                     m.step_device_time.set(summary["device_s_per_step"])
-            self._preemptions_seen = snap.num_preemptions
+        self.snapshot = snap  # last: whoever sees this snapshot sees the gauges it set
