@@ -30,7 +30,7 @@ from deepinfer.serve.launch import launch, stop  # noqa: E402
 
 def first_token_s(base: str) -> float:
     t = time.perf_counter()
-    body = {"model": "deepinfer-tiny-random", "prompt": "Hello", "max_tokens": 4, "stream": True, "temperature": 0}
+    body = {"model": "deepinfer-tiny-v4", "prompt": "Hello", "max_tokens": 4, "stream": True, "temperature": 0}
     with httpx.stream("POST", base + "/v1/completions", json=body, timeout=600) as r:
         for line in r.iter_lines():
             if line.startswith("data: {"):
@@ -59,9 +59,6 @@ def main():
     ap.add_argument("--server-args", default="", help="extra flags for the server (default: its defaults)")
     ap.add_argument("--out", default=os.path.join(ROOT, "benchmarks", "results", "cold_start.json"))
     args = ap.parse_args()
-    from deepinfer.default_model import ensure_default_model
-
-    ensure_default_model()  # building the model is a one-time cost, not part of a start
     extra = args.server_args.split()
     results = []
     with tempfile.TemporaryDirectory() as cache:

@@ -154,7 +154,7 @@ def plot(record: dict, out_dir: str) -> list[str]:
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--base-url", default=None)
-    ap.add_argument("--model", default="deepinfer-tiny-random")
+    ap.add_argument("--model", default="deepinfer-tiny-v4", help="served model name (the server default)")
     ap.add_argument("--server-args", default="--max-num-seqs 64 --max-num-batched-tokens 512 --max-model-len 512")
     ap.add_argument("--concurrencies", default="1,4,16,64")
     ap.add_argument("--rates", default="4,16,64")

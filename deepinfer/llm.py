@@ -18,7 +18,7 @@ from typing import Any, Sequence
 import jax
 
 from deepinfer.config import ModelConfig
-from deepinfer.default_model import ensure_default_model
+from deepinfer.default_model import default_model_dir
 from deepinfer.engine.output import ChoiceOutput, take_new
 from deepinfer.engine.sampling_params import SamplingParams
 from deepinfer.models.deepseek_v4 import model_spec
@@ -63,9 +63,9 @@ class LLM:
     ):
         """model: a checkpoint directory, a config.json (random weights from ``seed``), or a
         ModelConfig (with ``params`` or random weights); None: the default model
-        (deepinfer.default_model). ``engine_kwargs`` go to EngineConfig
+        (deepinfer-tiny-v4, bundled: deepinfer.default_model). ``engine_kwargs`` go to EngineConfig
         (max_num_seqs, max_num_batched_tokens, max_model_len, kv_memory_bytes, ...)."""
-        model = ensure_default_model() if model is None else model
+        model = default_model_dir() if model is None else model
         self.tokenizer: TextTokenizer | None = None
         if isinstance(model, ModelConfig):
             cfg = model

@@ -1,12 +1,10 @@
-"""The model served when none is named: a tiny V4 with random weights and a byte-level tokenizer.
+"""A tiny DeepSeek-V4 with random weights and a byte-level tokenizer, for fast tests and benchmarks.
 
-Until a trained model ships with the project (its own issue), this gives the
-server and ``LLM()`` something real to run: every V4 layer type, a tokenizer
-(256 byte tokens + DeepSeek's special tokens, no merges, so any text encodes)
-and a chat template. Its text is noise — the weights are random (seed 0) — but
-it is the same noise on every machine. Built once into a cache folder in
-Hugging Face layout (config.json, model.safetensors, tokenizer.json,
-tokenizer_config.json); ``DEEPINFER_CACHE`` moves the cache.
+Every V4 layer type at toy widths (configs/tiny_mixed.json), a tokenizer of 256 byte
+tokens + DeepSeek's special tokens (no merges, so any text encodes) and DeepSeek's
+chat template. Its text is noise, but the same noise on every machine (seed 0), and
+the server starts on it in seconds. Built once into a cache folder in Hugging Face
+layout; ``DEEPINFER_CACHE`` (or the ``root`` argument) moves it.
 """
 
 from __future__ import annotations
@@ -16,23 +14,10 @@ import os
 import shutil
 import tempfile
 
+from deepinfer.default_model import BOS, CHAT_TEMPLATE, EOS, SPECIAL_TOKENS, cache_root
+
 NAME = "deepinfer-tiny-random"
 VERSION = 2  # bump when what is built changes, so stale caches are rebuilt
-
-BOS, EOS, USER, ASSISTANT = "<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>", "<｜User｜>", "<｜Assistant｜>"
-SPECIAL_TOKENS = (BOS, EOS, USER, ASSISTANT)
-
-# DeepSeek's chat layout: BOS, system text, then <｜User｜>...<｜Assistant｜>... turns.
-CHAT_TEMPLATE = (
-    "{{ bos_token }}"
-    "{%- for message in messages %}"
-    "{%- if message['role'] == 'system' %}{{ message['content'] }}"
-    "{%- elif message['role'] == 'user' %}{{ '<｜User｜>' + message['content'] }}"
-    "{%- elif message['role'] == 'assistant' %}{{ '<｜Assistant｜>' + message['content'] + eos_token }}"
-    "{%- endif %}"
-    "{%- endfor %}"
-    "{%- if add_generation_prompt %}{{ '<｜Assistant｜>' }}{%- endif %}"
-)
 
 
 def _config() -> dict:
@@ -57,18 +42,10 @@ def build_tokenizer():
     return tok
 
 
-def cache_root() -> str:
-    """deepinfer's cache folder: $DEEPINFER_CACHE, else ~/.cache/deepinfer."""
-    return os.environ.get("DEEPINFER_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "deepinfer")
-
-
-def cache_dir() -> str:
-    return os.path.join(cache_root(), f"{NAME}-v{VERSION}")
-
-
-def ensure_default_model() -> str:
-    """The default model's folder, built on first use (atomically: a half-written one is never seen)."""
-    target = cache_dir()
+def ensure_random_model(root: str | None = None) -> str:
+    """The random model's folder under ``root`` (default: cache_root()), built on first use
+    (atomically: a half-written one is never seen)."""
+    target = os.path.join(root or cache_root(), f"{NAME}-v{VERSION}")
     if os.path.exists(os.path.join(target, "tokenizer_config.json")):
         return target
     os.makedirs(os.path.dirname(target), exist_ok=True)

@@ -2,7 +2,7 @@
 
 import pytest
 
-from deepinfer.default_model import EOS, build_tokenizer
+from deepinfer.random_model import EOS, build_tokenizer
 from deepinfer.engine.detokenizer import IncrementalDetokenizer
 from deepinfer.engine.output import ChoiceOutput
 from deepinfer.engine.sampling_params import SamplingParams, choice_seed

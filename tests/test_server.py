@@ -1,6 +1,6 @@
 """The OpenAI-compatible server, as a real process on loopback, driven by the official `openai` client.
 
-One server (the built-in tiny random model, small buckets) serves the module;
+One server (the tiny random model of deepinfer.random_model, small buckets) serves the module;
 the persistent compilation cache lets the shutdown test's second server start fast.
 """
 
@@ -18,6 +18,7 @@ import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from deepinfer.random_model import ensure_random_model
 from tests.server_process import ServerProcess
 
 KEY = "test-key-123"
@@ -31,9 +32,13 @@ def cache(tmp_path_factory):
     return str(tmp_path_factory.mktemp("deepinfer-cache"))
 
 
+def random_model_args(cache: str) -> list[str]:
+    return ["--model", ensure_random_model(cache), "--served-model-name", MODEL]
+
+
 @pytest.fixture(scope="module")
 def server(cache, tmp_path_factory):
-    srv = ServerProcess(ARGS, cache, str(tmp_path_factory.mktemp("log") / "server.log"))
+    srv = ServerProcess(random_model_args(cache) + ARGS, cache, str(tmp_path_factory.mktemp("log") / "server.log"))
     yield srv
     srv.stop()
 
@@ -331,7 +336,8 @@ def test_metrics_move(server, client):
 
 def test_sigterm_lets_streams_finish(cache, tmp_path):
     """Graceful shutdown: a stream in flight when SIGTERM arrives completes, then the process exits."""
-    srv = ServerProcess(["--max-num-seqs", "4", "--max-num-batched-tokens", "64"], cache, str(tmp_path / "log"))
+    srv = ServerProcess(random_model_args(cache) + ["--max-num-seqs", "4", "--max-num-batched-tokens", "64"], cache,
+                        str(tmp_path / "log"))
     try:
         client = openai.OpenAI(base_url=srv.base + "/v1", api_key="none", max_retries=0, timeout=60)
         stream = client.completions.create(model=MODEL, prompt="bye", max_tokens=2000, temperature=0, stream=True,

@@ -1,8 +1,8 @@
 """`python -m deepinfer.serve`: an OpenAI-compatible HTTP server for a DeepSeek-V4 checkpoint.
 
-With no --model it serves the built-in tiny random model (deepinfer.default_model):
-real tokenizer and chat template, random weights — for trying the API, not for
-reading its answers. Endpoints: /v1/completions, /v1/chat/completions,
+With no --model it serves the bundled deepinfer-tiny-v4 (deepinfer.default_model): a
+small V4 trained on Python's documentation and short dialogues — it answers, if not
+wisely. Endpoints: /v1/completions, /v1/chat/completions,
 /v1/models, /tokenize, /detokenize, /health, /metrics (Prometheus), /debug/engine.
 """
 
@@ -21,7 +21,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m deepinfer.serve", description=__doc__,
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--model", default=None, help="checkpoint directory (config.json + safetensors + tokenizer files); "
-                   "default: the built-in tiny random model")
+                   "default: the bundled deepinfer-tiny-v4")
     p.add_argument("--served-model-name", default=None, help="the name clients use in 'model' (default: the folder name)")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (loopback by default)")
     p.add_argument("--port", type=int, default=8000)
@@ -63,7 +63,7 @@ def build_state(args: argparse.Namespace):
     from tqdm.auto import tqdm
 
     from deepinfer.default_model import NAME as DEFAULT_NAME
-    from deepinfer.default_model import ensure_default_model
+    from deepinfer.default_model import default_model_dir
     from deepinfer.models.deepseek_v4 import model_spec
     from deepinfer.models.deepseek_v4.loader import load_checkpoint
     from deepinfer.params import count_params
@@ -80,7 +80,7 @@ def build_state(args: argparse.Namespace):
         jax.config.update("jax_compilation_cache_dir", path)
         jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.2)
         log.info("JAX compilation cache: %s", path)
-    model_dir = args.model or ensure_default_model()
+    model_dir = args.model or default_model_dir()
     name = args.served_model_name or (DEFAULT_NAME if args.model is None else os.path.basename(os.path.normpath(model_dir)))
     t0 = time.perf_counter()
     bar = tqdm(desc="Loading weights", unit="tensor", leave=False, disable=None)  # None: off when not a terminal

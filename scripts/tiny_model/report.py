@@ -94,6 +94,21 @@ chatterbot-corpus {manifest['chatterbot-corpus']} (English dialogues), generated
 {manifest['snippets_seed']}. Tokenizer: byte-level BPE, {manifest['vocab_size']} tokens, trained on the
 training split with the `tokenizers` library.
 """
+    qa_path = os.path.join(directory, "qa_eval.json")
+    if os.path.exists(qa_path):  # written by `python -m scripts.tiny_model.qa_eval DIR > DIR/qa_eval.json`
+        with open(qa_path, encoding="utf-8") as f:
+            qa = json.load(f)
+        ex = qa["examples"][0]
+        text += f"""
+## What it can and cannot do
+Held-out generated Q&A (`python -m scripts.tiny_model.qa_eval`, greedy through the engine):
+{qa['exact']} of {qa['questions']} answers exactly right. The model has learned the shapes (a JSON
+object with the right keys, "X plus Y is Z.", "The capital of ... is ...") but not to copy values
+from the question or to compute: asked `{ex['question']!r}` it answers `{ex['answer']!r}`.
+Python-documentation prose comes out fluent-looking and mostly meaningless. It is a demo and test
+model (every V4 code path with real, non-random weights; an MTP head that agrees with the model),
+not an assistant.
+"""
     with open(os.path.join(directory, "TRAINING.md"), "w", encoding="utf-8") as f:
         f.write(text)
 

@@ -1,0 +1,45 @@
+"""The model served when none is named: deepinfer-tiny-v4, trained and shipped inside the package.
+
+A small DeepSeek-V4 (every layer type, hash and score MoE, hyper-connections, an
+MTP block) with a byte-level BPE tokenizer and DeepSeek's chat template, trained by
+``python -m scripts.tiny_model`` on text that ships with Python and PyPI packages
+(its TRAINING.md has the report). It lives in ``deepinfer/assets/`` in Hugging Face
+layout, so the server and ``LLM()`` answer out of the box with no download.
+"""
+
+from __future__ import annotations
+
+import os
+
+NAME = "deepinfer-tiny-v4"
+
+BOS, EOS, USER, ASSISTANT = "<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>", "<｜User｜>", "<｜Assistant｜>"
+SPECIAL_TOKENS = (BOS, EOS, USER, ASSISTANT)
+
+# DeepSeek's chat layout: BOS, system text, then <｜User｜>...<｜Assistant｜>... turns.
+CHAT_TEMPLATE = (
+    "{{ bos_token }}"
+    "{%- for message in messages %}"
+    "{%- if message['role'] == 'system' %}{{ message['content'] }}"
+    "{%- elif message['role'] == 'user' %}{{ '<｜User｜>' + message['content'] }}"
+    "{%- elif message['role'] == 'assistant' %}{{ '<｜Assistant｜>' + message['content'] + eos_token }}"
+    "{%- endif %}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{ '<｜Assistant｜>' }}{%- endif %}"
+)
+
+
+def default_model_dir() -> str:
+    """The bundled model's folder (config.json, model.safetensors, tokenizer files)."""
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "assets", NAME)
+    if not os.path.exists(os.path.join(path, "model.safetensors")):
+        raise FileNotFoundError(
+            f"the bundled model is missing from {path} (a checkout without its assets?); "
+            "pass --model DIR, or rebuild it with `python -m scripts.tiny_model --out " + path + "`"
+        )
+    return path
+
+
+def cache_root() -> str:
+    """deepinfer's cache folder (compiled programs, test models): $DEEPINFER_CACHE, else ~/.cache/deepinfer."""
+    return os.environ.get("DEEPINFER_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "deepinfer")
