@@ -19,6 +19,9 @@ import sys
 import tempfile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+from benchmarks.timing import write_record  # noqa: E402
 
 
 def measure(model: str, invariant: bool, args) -> float:
@@ -52,9 +55,7 @@ def main():
         cost = max(runs["off"]) / max(runs["on"])
         record["results"].append({"model": model, "off_tok_s": runs["off"], "on_tok_s": runs["on"], "cost": round(cost, 3)})
         print(f"{model}: batch-invariant mode costs {cost:.2f}x (best off {max(runs['off'])} / best on {max(runs['on'])} tok/s)")
-    with open(args.out, "w") as f:
-        json.dump(record, f, indent=1)
-    print(json.dumps(record))
+    write_record(record, args.out)
 
 
 if __name__ == "__main__":

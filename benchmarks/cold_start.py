@@ -13,7 +13,6 @@ compiled. Writes benchmarks/results/cold_start.json.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import re
 import sys
@@ -25,12 +24,14 @@ import httpx
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
+from benchmarks.timing import write_record  # noqa: E402
+from deepinfer.default_model import NAME  # noqa: E402
 from deepinfer.serve.launch import launch, stop  # noqa: E402
 
 
 def first_token_s(base: str) -> float:
     t = time.perf_counter()
-    body = {"model": "deepinfer-tiny-v4", "prompt": "Hello", "max_tokens": 4, "stream": True, "temperature": 0}
+    body = {"model": NAME, "prompt": "Hello", "max_tokens": 4, "stream": True, "temperature": 0}
     with httpx.stream("POST", base + "/v1/completions", json=body, timeout=600) as r:
         for line in r.iter_lines():
             if line.startswith("data: {"):
@@ -70,9 +71,7 @@ def main():
             print(f"{label:>20}: first token after {r['seconds_to_first_token']} s (health after "
                   f"{r['seconds_to_health']} s; {r['programs']} programs, warm-up compile {r['warmup_compile_s']} s)", flush=True)
     record = {"benchmark": "cold_start", "server_args": args.server_args, "results": results}
-    with open(args.out, "w") as f:
-        json.dump(record, f, indent=1)
-    print(json.dumps(record))
+    write_record(record, args.out)
 
 
 if __name__ == "__main__":

@@ -30,6 +30,8 @@ import numpy as np
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
+from benchmarks.timing import write_record  # noqa: E402
+from deepinfer.default_model import NAME  # noqa: E402
 from deepinfer.serve.launch import launch, stop  # noqa: E402
 
 WORDS = "the of and to in is that for it as with was on be by at this from or an are not have which one".split()
@@ -154,7 +156,7 @@ def plot(record: dict, out_dir: str) -> list[str]:
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--base-url", default=None)
-    ap.add_argument("--model", default="deepinfer-tiny-v4", help="served model name (the server default)")
+    ap.add_argument("--model", default=NAME, help="served model name (the server default)")
     ap.add_argument("--server-args", default="--max-num-seqs 64 --max-num-batched-tokens 512 --max-model-len 512")
     ap.add_argument("--concurrencies", default="1,4,16,64")
     ap.add_argument("--rates", default="4,16,64")
@@ -195,11 +197,9 @@ def main():
     finally:
         if proc is not None:
             stop(proc)
-    with open(args.out, "w") as f:
-        json.dump(record, f, indent=1)
+    write_record(record, args.out)
     for p in plot(record, os.path.dirname(args.out)):
         print("plot:", p)
-    print(json.dumps(record))
 
 
 if __name__ == "__main__":
