@@ -9,6 +9,7 @@ layout, so the server and ``LLM()`` answer out of the box with no download.
 
 from __future__ import annotations
 
+import json
 import os
 
 NAME = "deepinfer-tiny-v4"
@@ -38,6 +39,18 @@ def default_model_dir() -> str:
             "pass --model DIR, or rebuild it with `python -m scripts.tiny_model --out " + path + "`"
         )
     return path
+
+
+def write_tokenizer_files(tok, directory: str, max_len: int) -> None:
+    """tokenizer.json (a ``tokenizers.Tokenizer``) and tokenizer_config.json with DeepSeek's
+    special tokens and chat template: what TextTokenizer and transformers' AutoTokenizer read."""
+    tok.save(os.path.join(directory, "tokenizer.json"))
+    with open(os.path.join(directory, "tokenizer_config.json"), "w", encoding="utf-8") as f:
+        json.dump(
+            {"bos_token": BOS, "eos_token": EOS, "add_bos_token": False, "chat_template": CHAT_TEMPLATE,
+             "model_max_length": max_len, "tokenizer_class": "PreTrainedTokenizerFast"},
+            f, indent=2, ensure_ascii=False,
+        )
 
 
 def cache_root() -> str:

@@ -14,7 +14,7 @@ import os
 import shutil
 import tempfile
 
-from deepinfer.default_model import BOS, CHAT_TEMPLATE, EOS, SPECIAL_TOKENS, cache_root
+from deepinfer.default_model import BOS, EOS, SPECIAL_TOKENS, cache_root, write_tokenizer_files
 
 NAME = "deepinfer-tiny-random"
 VERSION = 2  # bump when what is built changes, so stale caches are rebuilt
@@ -80,10 +80,4 @@ def _write(directory: str) -> None:
     tok = build_tokenizer()
     if tok.token_to_id(BOS) != cfg.bos_token_id or tok.token_to_id(EOS) != cfg.eos_token_ids[0]:
         raise AssertionError("special token ids disagree with the config")
-    tok.save(os.path.join(directory, "tokenizer.json"))
-    with open(os.path.join(directory, "tokenizer_config.json"), "w", encoding="utf-8") as f:
-        json.dump(
-            {"bos_token": BOS, "eos_token": EOS, "add_bos_token": False, "chat_template": CHAT_TEMPLATE,
-             "model_max_length": cfg.max_position_embeddings, "tokenizer_class": "PreTrainedTokenizerFast"},
-            f, indent=2, ensure_ascii=False,
-        )
+    write_tokenizer_files(tok, directory, cfg.max_position_embeddings)

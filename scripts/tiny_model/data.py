@@ -8,16 +8,14 @@ the model learns exactly the prompt shape the server sends.
 
 from __future__ import annotations
 
-import json
 import os
 
 import numpy as np
 
-from deepinfer.default_model import ASSISTANT, BOS, CHAT_TEMPLATE, EOS, USER
+from deepinfer.default_model import BOS, EOS, SPECIAL_TOKENS, write_tokenizer_files
 from deepinfer.params import _stable_hash
 from deepinfer.tokenizer import TextTokenizer
 
-SPECIAL_TOKENS = [BOS, EOS, USER, ASSISTANT]  # ids 0, 1, 2, 3
 VALIDATION_PERCENT = 3
 # Copies of each document per training epoch, by source (others: 1). The dialogues are
 # ~4% of the text but what the chat demo shows. A second run with chat 5, snippets 3,
@@ -56,7 +54,7 @@ def train_tokenizer(train_docs: list, vocab_size: int):
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size, min_frequency=2, special_tokens=SPECIAL_TOKENS,
+        vocab_size=vocab_size, min_frequency=2, special_tokens=list(SPECIAL_TOKENS),  # ids 0, 1, 2, 3
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False,
     )
     tok.train_from_iterator(_texts(train_docs), trainer=trainer)
@@ -68,13 +66,7 @@ def train_tokenizer(train_docs: list, vocab_size: int):
 
 def save_tokenizer(tok, directory: str, max_len: int) -> None:
     os.makedirs(directory, exist_ok=True)
-    tok.save(os.path.join(directory, "tokenizer.json"))
-    with open(os.path.join(directory, "tokenizer_config.json"), "w", encoding="utf-8") as f:
-        json.dump(
-            {"bos_token": BOS, "eos_token": EOS, "add_bos_token": False, "chat_template": CHAT_TEMPLATE,
-             "model_max_length": max_len, "tokenizer_class": "PreTrainedTokenizerFast"},
-            f, indent=2, ensure_ascii=False,
-        )
+    write_tokenizer_files(tok, directory, max_len)
 
 
 def copies(source: str, index: int, weight: float) -> int:
