@@ -23,7 +23,7 @@ import optax
 
 from deepinfer.config import SCORE_MOE, ModelConfig
 from deepinfer.models.deepseek_v4 import model_spec
-from deepinfer.models.deepseek_v4.model import forward_with_intermediates
+from deepinfer.models.deepseek_v4.model import default_positions, forward_with_intermediates
 from deepinfer.models.deepseek_v4.moe import route
 from deepinfer.models.deepseek_v4.mtp import mtp_forward
 from deepinfer.params import flatten_dotted, init_params, unflatten_dotted
@@ -50,7 +50,7 @@ def model_outputs(cfg: ModelConfig, like: dict, train: dict, fixed: dict, rows: 
     params = unflatten_dotted(like, {**train, **fixed})
     inputs = rows[:, :-1]
     logits, streams, aux = forward_with_intermediates(cfg, params, inputs)
-    positions = jnp.broadcast_to(jnp.arange(inputs.shape[1], dtype=jnp.int32), inputs.shape)
+    positions = default_positions(inputs)
     # MTP at t reads the streams at t and the true token t+1 (= rows[:, t+1]); predicts rows[:, t+2].
     mtp_logits, _ = mtp_forward(cfg, params, 0, streams[:, :-1], rows[:, 1:-1], positions[:, :-1])
     return logits, mtp_logits, aux, params
@@ -134,8 +134,7 @@ def evaluate(eval_step, train, fixed, val_rows: np.ndarray, batch: int) -> dict:
 
 
 def init_model(cfg: ModelConfig, seed: int) -> dict:
-    params = init_params(model_spec(cfg, include_mtp=True), jax.random.key(seed), "float32")
-    return params
+    return init_params(model_spec(cfg, include_mtp=True), jax.random.key(seed), "float32")
 
 
 def train(cfg: ModelConfig, train_stream: np.ndarray, val_rows: np.ndarray, *, seed: int, steps: int, batch: int,
