@@ -32,6 +32,7 @@ from deepinfer.engine.request import Request
 from deepinfer.engine.sampling_params import MAX_BIAS_SLOTS, SamplingParams
 from deepinfer.engine.scheduler import PoolSpec, Scheduler, SchedulerConfig, StepPlan
 from deepinfer.kv.paged_state import PagedLayout, bytes_per_page, bytes_per_slot, init_paged_state, pools_of
+from deepinfer.runtime import recovery
 from deepinfer.runtime.batch_invariance import check_xla
 from deepinfer.runtime.compile_guard import CompileCounter
 from deepinfer.runtime.paged_step import paged_step_jit
@@ -122,7 +123,7 @@ def size_pools(cfg: ModelConfig, ec: EngineConfig, dtype) -> Capacity:
 
 
 class StepFailed(RuntimeError):
-    """A device step failed; ``failed`` are the requests that were in it (finished with reason "error")."""
+    """A device step failed; ``failed`` are the requests that made it fail (finished with reason "error")."""
 
     def __init__(self, cause: Exception, failed: list[Request]):
         super().__init__(f"engine step failed ({type(cause).__name__}: {cause}); {len(failed)} request(s) failed")
@@ -291,9 +292,10 @@ class LLMEngine:
         """Schedule and dispatch one step; record the previous one (overlap) or this one.
         Returns the requests that finished; ``self.updated`` lists those that got tokens.
 
-        If the device step fails, the requests in the failing step(s) finish with reason
+        If the device step fails, the request(s) that make it fail finish with reason
         "error" (``req.error`` says why) and StepFailed is raised; every other request
-        is kept and replays from its tokens (the engine state is rebuilt)."""
+        is kept and replays from its tokens (the engine state is rebuilt), and
+        ``self.updated`` lists those that got tokens while the culprits were sought."""
         t_start = time.perf_counter()
         self.updated = []
         self.last_wait_s = 0.0  # time this step() waited for device results (the rest is host time)
@@ -320,25 +322,9 @@ class LLMEngine:
         return finished
 
     def _recover(self, plans: list[StepPlan], exc: Exception) -> list[Request]:
-        """Fail the requests of the failing steps; the rest replay on a fresh state."""
-        self._inflight = None
-        failed = []
-        for plan in plans:
-            for req, _ in plan.scheduled:
-                if not req.is_finished:
-                    req.error = f"{type(exc).__name__}: {exc}"
-                    self.abort(req, "error")
-                    failed.append(req)
-        # The state may have been donated to the failed call: rebuild it, and make every
-        # request still running recompute (its outputs so far are kept; placeholders dropped).
-        for req in list(self.scheduler.running)[::-1]:
-            del req.output_token_ids[req.num_resolved :]
-            self.scheduler.preempt(req)
-        for req in self.scheduler.waiting:
-            del req.output_token_ids[req.num_resolved :]
-        self.state = init_paged_state(self.cfg, self.layout, self.dtype)
-        log.error("step failed (%s: %s); failed %d request(s), kept the others", type(exc).__name__, exc, len(failed))
-        return failed
+        """Fail only the requests that make the step fail (found by probing halves on a rebuilt
+        state, runtime/recovery.py); every other request replays from its tokens."""
+        return recovery.isolate(self, plans, exc)
 
     def bucket_shapes(self) -> list[PlanShape]:
         """Every step shape the engine can run: (token bucket, row bucket) pairs with rows <= tokens."""

@@ -7,8 +7,9 @@ request's asyncio queue (``loop.call_soon_threadsafe``). Detokenization, stop
 strings and response formatting happen on the asyncio side, so the engine
 thread only schedules and steps.
 
-A failing step fails the requests in it (their streams get the error) and the
-loop goes on serving; bad input is rejected by the handlers before it gets here.
+A failing step fails only the request(s) that made it fail (their streams get the
+error; the engine finds them, runtime/recovery.py) and the loop goes on serving;
+bad input is rejected by the handlers before it gets here.
 """
 
 from __future__ import annotations
@@ -137,6 +138,7 @@ class AsyncEngine:
             except StepFailed as e:
                 for req in e.failed:
                     self._finish_stream(req, error=f"engine step failed: {req.error}")
+                self._push_updates()  # bystanders that got tokens while the culprit was sought
                 continue
             except Exception as e:  # a host-side bug: fail everything in flight, keep serving
                 log.exception("engine loop error")
@@ -146,21 +148,24 @@ class AsyncEngine:
                 self.metrics.step_host_time.observe(engine.last_host_s)
                 self.metrics.step_wait_time.observe(engine.last_wait_s)
                 self.metrics.num_steps.inc()
-            now = time.monotonic()
-            for req in engine.updated:  # includes the requests that finished
-                stream = self._streams.get(req.request_id)
-                if stream is None:
-                    continue
-                ids, lps, reason = take_new(req, stream.sent)
-                stream.sent += len(ids)
-                if ids or reason:
-                    plp = None
-                    if stream.sent == len(ids) and req.sampling_params.prompt_logprobs is not None:
-                        plp = dict(req.prompt_logprobs)  # the prompt is done once the first token exists
-                    stream.push(Update(ids, lps, reason, None, now, req.first_scheduled_time, plp))
-                if reason:
-                    del self._streams[req.request_id]
+            self._push_updates()
             self._refresh()
+
+    def _push_updates(self) -> None:
+        now = time.monotonic()
+        for req in self.engine.updated:  # includes the requests that finished
+            stream = self._streams.get(req.request_id)
+            if stream is None:
+                continue
+            ids, lps, reason = take_new(req, stream.sent)
+            stream.sent += len(ids)
+            if ids or reason:
+                plp = None
+                if stream.sent == len(ids) and req.sampling_params.prompt_logprobs is not None:
+                    plp = dict(req.prompt_logprobs)  # the prompt is done once the first token exists
+                stream.push(Update(ids, lps, reason, None, now, req.first_scheduled_time, plp))
+            if reason:
+                del self._streams[req.request_id]
 
     def _drain(self) -> None:
         while True:
