@@ -13,6 +13,10 @@ MAX_N = 16
 MAX_BIAS_SLOTS = 64
 MAX_LOGIT_BIAS = 48
 MAX_STOP_TOKEN_IDS = 15
+MAX_STOP = 16  # stop strings per request (each is matched against the text after every token)
+MAX_STOP_CHARS = 256
+# top_k travels in an int32 field of the step's plan; the engine also caps it at the vocabulary
+MAX_TOP_K = 2**31 - 1
 
 
 def choice_seed(seed: int, index: int) -> int:
@@ -86,8 +90,8 @@ class SamplingParams:
             raise ValueError(f"temperature must be a number in [0, 100], got {self.temperature!r}")
         if not isinstance(self.top_p, (int, float)) or not 0 < self.top_p <= 1:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p!r}")
-        if not _is_int(self.top_k) or self.top_k < -1:
-            raise ValueError(f"top_k must be -1 (off), 0 (off) or a positive integer, got {self.top_k!r}")
+        if not _is_int(self.top_k) or not -1 <= self.top_k <= MAX_TOP_K:
+            raise ValueError(f"top_k must be -1 (off), 0 (off) or a positive integer up to {MAX_TOP_K}, got {self.top_k!r}")
         if self.max_tokens is not None and (not _is_int(self.max_tokens) or self.max_tokens < 1):
             raise ValueError(f"max_tokens must be a positive integer or None, got {self.max_tokens!r}")
         if self.seed is not None and (not _is_int(self.seed) or not 0 <= self.seed < 2**32):
@@ -96,6 +100,8 @@ class SamplingParams:
             raise ValueError(f"stop_token_ids must be non-negative integers, got {self.stop_token_ids!r}")
         if any(not isinstance(s, str) or not s for s in self.stop):
             raise ValueError(f"stop must be non-empty strings, got {self.stop!r}")
+        if len(self.stop) > MAX_STOP or any(len(s) > MAX_STOP_CHARS for s in self.stop):
+            raise ValueError(f"stop may hold at most {MAX_STOP} strings of at most {MAX_STOP_CHARS} characters each")
         if self.logprobs is not None and (not _is_int(self.logprobs) or not 0 <= self.logprobs <= MAX_LOGPROBS):
             raise ValueError(f"logprobs must be an integer in [0, {MAX_LOGPROBS}] or None, got {self.logprobs!r}")
         if not _is_number(self.min_p) or not 0 <= self.min_p <= 1:
@@ -108,10 +114,12 @@ class SamplingParams:
         if not isinstance(self.logit_bias, dict) or len(self.logit_bias) > MAX_LOGIT_BIAS:
             raise ValueError(f"logit_bias must be a dict of at most {MAX_LOGIT_BIAS} token id -> bias entries")
         for token, bias in self.logit_bias.items():
-            if not _is_int(token) or token < 0 or not _is_number(bias) or not -100 <= bias <= 100:
+            if not _is_int(token) or not 0 <= token < 2**31 or not _is_number(bias) or not -100 <= bias <= 100:
                 raise ValueError(f"logit_bias entries must map token ids >= 0 to biases in [-100, 100], got {token!r}: {bias!r}")
         if len(self.stop_token_ids) > MAX_STOP_TOKEN_IDS:
             raise ValueError(f"stop_token_ids may hold at most {MAX_STOP_TOKEN_IDS} ids, got {len(self.stop_token_ids)}")
+        if any(not _is_int(t) or t >= 2**31 for t in self.stop_token_ids):
+            raise ValueError(f"stop_token_ids must be token ids below 2**31, got {self.stop_token_ids!r}")
         if not _is_int(self.min_tokens) or self.min_tokens < 0:
             raise ValueError(f"min_tokens must be an integer >= 0, got {self.min_tokens!r}")
         if self.max_tokens is not None and self.min_tokens > self.max_tokens:

@@ -188,6 +188,8 @@ class LLMEngine:
         bad = [t for t in list(sp.logit_bias) + list(sp.stop_token_ids) if t >= self.cfg.vocab_size]
         if bad:
             raise ValueError(f"logit_bias / stop_token_ids name token ids {bad[:8]} outside the vocabulary (size {self.cfg.vocab_size})")
+        if sp.top_k > self.cfg.vocab_size:
+            raise ValueError(f"top_k must be -1 (off), 0 (off) or at most the vocabulary size {self.cfg.vocab_size}, got {sp.top_k}")
         if sp.min_tokens and len(set(sp.stop_token_ids) | set(self.cfg.eos_token_ids)) + len(sp.logit_bias) > MAX_BIAS_SLOTS:
             raise ValueError(f"logit_bias plus the ids min_tokens blocks exceed {MAX_BIAS_SLOTS} entries")
         rid = request_id if request_id is not None else f"req-{next(self._ids)}"

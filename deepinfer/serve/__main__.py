@@ -39,7 +39,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="outputs independent of the rest of the batch, bitwise (env DEEPINFER_BATCH_INVARIANT=1)")
     p.add_argument("--no-overlap", action="store_true", default=os.environ.get("DEEPINFER_NO_OVERLAP") == "1",
                    help="wait for each step before planning the next (comparison, debugging; env DEEPINFER_NO_OVERLAP=1)")
-    p.add_argument("--shutdown-timeout", type=float, default=30.0, help="seconds in-flight requests get to finish on SIGINT/SIGTERM")
+    p.add_argument("--shutdown-timeout", type=float, default=30.0, help="seconds in-flight requests get to finish on SIGINT/SIGTERM; "
+                   "then each gets an error event and [DONE]. New requests get 503 meanwhile")
     p.add_argument("--compile-cache", default=os.environ.get("DEEPINFER_COMPILE_CACHE", "auto"),
                    help="JAX persistent compilation cache folder ('auto': <DEEPINFER_CACHE or ~/.cache/deepinfer>/jax; "
                    "'off' to disable); a warm cache makes restarts skip compilation")
@@ -122,6 +123,7 @@ def build_state(args: argparse.Namespace):
         engine=AsyncEngine(engine, metrics), tokenizer=tokenizer, model_name=name, vocab_size=cfg.vocab_size,
         max_model_len=max_len, max_num_seqs=args.max_num_seqs, max_waiting=args.max_waiting, metrics=metrics,
         api_key=args.api_key, max_body_bytes=args.max_body_bytes, aliases=(model_dir,),
+        eos_token_ids=tuple(cfg.eos_token_ids),
     )
 
 
@@ -137,6 +139,7 @@ def main(argv: list[str] | None = None) -> int:
     import uvicorn
 
     from deepinfer.serve.api import build_app
+    from deepinfer.serve.shutdown import FLUSH_S, DrainingServer
 
     try:
         state = build_state(args)
@@ -153,9 +156,10 @@ def main(argv: list[str] | None = None) -> int:
         state.engine.stop()
 
     app = build_app(state, lifespan=lifespan)
+    # the drain (serve/shutdown.py) has ended every stream before uvicorn's own timeout starts
     config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
-                            timeout_graceful_shutdown=args.shutdown_timeout, access_log=False)
-    uvicorn.Server(config).run()
+                            timeout_graceful_shutdown=FLUSH_S, access_log=False)
+    DrainingServer(config, state, args.shutdown_timeout).run()
     return 0
 
 

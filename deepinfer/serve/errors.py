@@ -9,6 +9,7 @@ _TYPES = {
     401: "AuthenticationError",
     404: "NotFoundError",
     413: "RequestTooLargeError",
+    422: "UnprocessableEntityError",
     500: "InternalServerError",
     503: "ServiceUnavailableError",
 }
@@ -36,3 +37,11 @@ def error_body(status: int, message: str, param: str | None = None) -> dict:
 
 def bad_request(message: str, param: str | None = None) -> APIError:
     return APIError(400, message, param)
+
+
+class ClientGone(Exception):
+    """The client went away before its response was sent: logged as one INFO line, not an error."""
+
+    def __init__(self, request_id: str, when: str = ""):
+        super().__init__(f"request {request_id}: client disconnected{' ' + when if when else ''}")
+        self.request_id = request_id

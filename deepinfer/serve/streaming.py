@@ -1,0 +1,210 @@
+"""Running a request's sequences and writing its response: the merge of several sequences'
+outputs, the non-streaming collect, and the SSE streams.
+
+Every path ends: a sequence whose pump raises ends with an error item, a stream whose
+formatting raises ends with an error event and ``[DONE]``, and a client that goes away
+is one INFO line (ClientGone), not a traceback.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass
+from typing import AsyncIterator
+
+from fastapi import Request
+from fastapi.responses import StreamingResponse
+
+from deepinfer.engine.output import ChoiceDelta, ChoiceOutput
+from deepinfer.engine.sampling_params import SamplingParams
+from deepinfer.serve.errors import APIError, ClientGone
+from deepinfer.serve.formatting import SSE_DONE, chat_logprobs, completion_logprobs, prompt_logprobs_listing, sse, usage
+
+log = logging.getLogger("deepinfer.serve")
+
+
+@dataclass
+class Sequence:
+    index: int  # choice index in the response
+    request_id: str
+    prompt_ids: list[int]
+    sp: SamplingParams
+
+
+def sequences(prefix: str, prompts: list[list[int]], sps: list[SamplingParams]) -> list[Sequence]:
+    """One engine sequence per (prompt, choice); prompt i's choices get indices i*n .. i*n + n - 1."""
+    out = []
+    for i, (ids, sp) in enumerate(zip(prompts, sps)):
+        for j, choice in enumerate(sp.choices()):
+            out.append(Sequence(i * sp.n + j, f"{prefix}-{i}-{j}", ids, choice))
+    return out
+
+
+async def run(
+    state, seqs: list[Sequence], arrival: float, choices: dict[int, ChoiceOutput] | None = None
+) -> AsyncIterator[tuple[Sequence, ChoiceDelta | None, str | None]]:
+    """Merge the outputs of several sequences: yields (sequence, delta, error) as they arrive.
+    ``choices``, when given, receives each sequence's accumulated ChoiceOutput by choice index."""
+    out: asyncio.Queue = asyncio.Queue()
+    tok = state.tokenizer.tokenizer if state.tokenizer else None
+    m = state.metrics
+
+    async def pump(seq: Sequence):
+        choice = gen = None
+        last, ended = None, False
+        try:
+            choice = ChoiceOutput(seq.index, seq.sp, tok)
+            if choices is not None:
+                choices[seq.index] = choice
+            gen = state.engine.generate(seq.request_id, seq.prompt_ids, seq.sp)
+            m.prompt_tokens.inc(len(seq.prompt_ids))
+            async for upd in gen:
+                if upd.error is not None:
+                    ended = True
+                    m.finished("error")
+                    out.put_nowait((seq, None, upd.error))
+                    return
+                if upd.token_ids:
+                    if last is None:  # the first tokens: queue time and time to first token
+                        if upd.first_scheduled_time is not None:
+                            m.request_queue_time.observe(max(0.0, upd.first_scheduled_time - arrival))
+                        m.time_to_first_token.observe(upd.time - arrival)
+                    else:  # tokens that arrived together share the gap since the last ones
+                        for _ in upd.token_ids:
+                            m.inter_token_latency.observe((upd.time - last) / len(upd.token_ids))
+                    last = upd.time
+                delta = choice.add(upd.token_ids, upd.logprobs, upd.finish_reason)
+                if upd.prompt_logprobs is not None:
+                    delta.prompt_logprobs = choice.prompt_logprobs = upd.prompt_logprobs
+                m.generation_tokens.inc(len(delta.token_ids))
+                if delta.finish_reason is not None:
+                    m.e2e_request_latency.observe(time.monotonic() - arrival)
+                    m.finished(delta.finish_reason)
+                out.put_nowait((seq, delta, None))
+                if choice.finished:
+                    ended = True
+                    return  # a stop string ends it early: closing gen aborts the engine request
+        except Exception as e:  # noqa: BLE001 - whatever raises, this sequence ends with an error
+            log.exception("request %s failed", seq.request_id)
+            ended = True
+            m.finished("error")
+            out.put_nowait((seq, None, f"{type(e).__name__}: {e}"))
+        finally:
+            if not ended:
+                m.finished("abort")  # the client went away (or the server is stopping)
+            if gen is not None:
+                await gen.aclose()
+            out.put_nowait(None)  # the end marker, on every path
+
+    tasks = [asyncio.create_task(pump(s)) for s in seqs]
+    remaining = len(tasks)
+    try:
+        while remaining:
+            item = await out.get()
+            if item is None:
+                remaining -= 1
+                continue
+            yield item
+    finally:
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def collect(state, rid: str, seqs: list[Sequence], arrival: float, request: Request) -> dict[int, ChoiceOutput]:
+    """Run to completion (non-streaming): each choice's output by index. A client that goes
+    away cancels its sequences."""
+    results: dict[int, ChoiceOutput] = {}
+
+    async def gather():
+        async for _, _, error in run(state, seqs, arrival, results):
+            if error is not None:
+                raise APIError(500, f"generation failed: {error}")
+
+    task = asyncio.create_task(gather())
+    try:
+        while True:
+            done, _ = await asyncio.wait({task}, timeout=0.25)
+            if done:
+                task.result()
+                return results
+            if await request.is_disconnected():
+                raise ClientGone(rid)
+    finally:
+        if not task.done():
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+
+
+def include_usage(req) -> bool:
+    return bool(req.stream_options and req.stream_options.include_usage)
+
+
+def event_stream(rid: str, chunks) -> StreamingResponse:
+    """An SSE response over an async iterator of ``data: ...`` lines. Whatever raises while
+    the stream is written, the client still gets an error event and ``[DONE]``."""
+
+    async def guarded():
+        try:
+            async for chunk in chunks:
+                yield chunk
+        except Exception as e:  # noqa: BLE001 - the stream must end with an event the client can read
+            log.exception("request %s: stream failed", rid)
+            yield sse(APIError(500, f"internal error: {type(e).__name__}: {e}").body())
+            yield SSE_DONE
+
+    return StreamingResponse(guarded(), media_type="text/event-stream")
+
+
+async def stream_completion(state, rid, seqs, arrival, n_prompt, include_usage, want_logprobs):
+    created, n_out = int(time.time()), 0
+    offsets = {s.index: 0 for s in seqs}
+    async for seq, delta, error in run(state, seqs, arrival):
+        if error is not None:
+            yield sse(APIError(500, f"generation failed: {error}").body())
+            break
+        n_out += len(delta.token_ids)
+        if not delta.text and delta.finish_reason is None and not (want_logprobs and delta.token_ids) \
+                and delta.prompt_logprobs is None:
+            continue  # nothing to show yet (e.g. half a UTF-8 character)
+        lp = None
+        if want_logprobs:
+            lp = completion_logprobs(delta.token_ids, delta.logprobs, state.text_of, offsets[seq.index])
+            offsets[seq.index] += sum(len(t) for t in lp["tokens"])
+        choice = {"index": seq.index, "text": delta.text, "logprobs": lp,
+                  "finish_reason": delta.finish_reason, "stop_reason": delta.stop_reason}
+        if delta.prompt_logprobs is not None:
+            choice["prompt_logprobs"] = prompt_logprobs_listing(seq.prompt_ids, delta.prompt_logprobs, state.text_of)
+        yield sse({"id": rid, "object": "text_completion", "created": created, "model": state.model_name,
+                   "choices": [choice]})
+    if include_usage:
+        yield sse({"id": rid, "object": "text_completion", "created": created, "model": state.model_name,
+                   "choices": [], "usage": usage(n_prompt, n_out)})
+    yield SSE_DONE
+
+
+async def stream_chat(state, rid, seqs, arrival, n_prompt, include_usage, want_logprobs):
+    created, n_out = int(time.time()), 0
+
+    def chunk(choices):
+        return {"id": rid, "object": "chat.completion.chunk", "created": created, "model": state.model_name, "choices": choices}
+
+    for s in seqs:
+        yield sse(chunk([{"index": s.index, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}]))
+    async for seq, delta, error in run(state, seqs, arrival):
+        if error is not None:
+            yield sse(APIError(500, f"generation failed: {error}").body())
+            break
+        n_out += len(delta.token_ids)
+        if not delta.text and delta.finish_reason is None and not (want_logprobs and delta.token_ids):
+            continue  # nothing to show yet (e.g. half a UTF-8 character)
+        yield sse(chunk([{
+            "index": seq.index, "delta": {"content": delta.text} if delta.text or delta.finish_reason is None else {},
+            "logprobs": chat_logprobs(delta.token_ids, delta.logprobs, state.text_of) if want_logprobs else None,
+            "finish_reason": delta.finish_reason, "stop_reason": delta.stop_reason,
+        }]))
+    if include_usage:
+        yield sse({**chunk([]), "usage": usage(n_prompt, n_out)})
+    yield SSE_DONE
