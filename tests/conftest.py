@@ -11,3 +11,10 @@ def reference_streams():
     case = load_case("mixed")
     prompts = workload(case.cfg.vocab_size)
     return prompts, [alone(case, p, m) for p, m in zip(prompts, MAX_TOKENS)]
+
+
+@pytest.fixture(scope="session")
+def server_cache(tmp_path_factory):
+    """One DEEPINFER_CACHE for every server process the suite starts: the random model is written
+    once, and servers with the same step shapes reuse each other's compiled programs."""
+    return str(tmp_path_factory.mktemp("deepinfer-server-cache"))

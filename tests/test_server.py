@@ -28,8 +28,8 @@ ARGS = ["--api-key", KEY, "--max-num-seqs", "8", "--max-num-batched-tokens", "64
 
 
 @pytest.fixture(scope="module")
-def cache(tmp_path_factory):
-    return str(tmp_path_factory.mktemp("deepinfer-cache"))
+def cache(server_cache):
+    return server_cache
 
 
 def random_model_args(cache: str) -> list[str]:

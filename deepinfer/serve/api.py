@@ -231,7 +231,7 @@ def build_app(state: ServerState, lifespan=None) -> FastAPI:
             raise bad_request("max_tokens and max_completion_tokens disagree; send one", "max_completion_tokens")
         field_name = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
         max_tokens = resolve_max_tokens(state.max_model_len, len(prompt), req.max_completion_tokens or req.max_tokens,
-                                        field_name)
+                                        field_name, "messages")
         logprobs = (req.top_logprobs or 0) if req.logprobs else None
         sp = req.sampling_params(max_tokens, logprobs)
         check_sampling(state, sp)

@@ -164,12 +164,13 @@ def check_sampling(state, sp: SamplingParams) -> None:
         raise bad_request("stop strings need a tokenizer and this model has none; use stop_token_ids", "stop")
 
 
-def resolve_max_tokens(max_model_len: int, n_prompt: int, requested: int | None, field_name: str) -> int:
+def resolve_max_tokens(max_model_len: int, n_prompt: int, requested: int | None, field_name: str,
+                       prompt_field: str = "prompt") -> int:
     limit = max_model_len
     if n_prompt >= limit:
         raise bad_request(
             f"the prompt has {n_prompt} tokens but this model's maximum context length (max_model_len) is {limit} "
-            f"tokens, and at least one token must be generated", "prompt"
+            f"tokens, and at least one token must be generated", prompt_field
         )
     if requested is None:
         return limit - n_prompt
