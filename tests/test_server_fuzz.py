@@ -196,7 +196,7 @@ def corpus():
             for c in ("NaN", "Infinity", "-Infinity", "1e400", "-1e400"):
                 cases.append((path, ("{" + json.dumps(base)[1:-1] + f', "{f}": {c}' + "}").encode(), None))
         for v in [{"abc": 1}, {"-1": 1}, {"99999999999": 1}, {"1": 1e9}, {"1": "x"}, {str(i): 1 for i in range(49)},
-                  {"1": -101}, {"260": 1}, [1]]:
+                  {"1": -101}, {"260": 1}, [1], {" 5": 1}, {"1_0": 1}, {"\u0663": 1}]:
             cases.append((path, {**base, "logit_bias": v}, "logit_bias"))
         for v in [[-1], [2**31], [2**40], [260], list(range(16)), "x", [[1]]]:
             cases.append((path, {**base, "stop_token_ids": v}, "stop_token_ids"))

@@ -84,10 +84,10 @@ class _Sampling(_Strict):
         stop = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
         bias = {}
         for key, value in (self.logit_bias or {}).items():
-            try:
-                bias[int(key)] = value
-            except ValueError:
-                raise bad_request(f"logit_bias keys must be token ids, got {key!r}", "logit_bias") from None
+            # ASCII digits only: int() would also take " 5", "1_0" and other scripts' digits
+            if not (key.isascii() and key.lstrip("-").isdigit() and len(key) <= 10):
+                raise bad_request(f"logit_bias keys must be token ids, got {key[:40]!r}", "logit_bias")
+            bias[int(key)] = value
         try:
             return SamplingParams(
                 n=self.n,
