@@ -12,6 +12,7 @@ from deepinfer.config import ModelConfig
 from deepinfer.engine.plan import FLOAT_FIELDS_R, INT_FIELDS_R, INT_FIELDS_T, PlanShape
 from deepinfer.kv.paged_state import PagedLayout
 from deepinfer.models.deepseek_v4.model import lm_head, run_layers
+from deepinfer.models.deepseek_v4.ops import per_token
 from deepinfer.models.deepseek_v4.paged_attention import FlatBatch, paged_attention
 from deepinfer.engine.sampling_params import MAX_BIAS_SLOTS, MAX_LOGPROBS
 from deepinfer.runtime.sampler import apply_logit_bias, apply_penalties, sample, token_logprobs
@@ -34,6 +35,10 @@ def unpack(shape: PlanShape, pools: tuple[str, ...], ints: jax.Array, floats: ja
     at = len(FLOAT_FIELDS_R) * r
     out["bias_vals"] = floats[at : at + r * MAX_BIAS_SLOTS].reshape(r, MAX_BIAS_SLOTS)
     return out, tables
+
+
+# plan fields the per-row sampling reads
+ROW_SAMPLING_FIELDS = ("slot", "length", "n_new", "sample", "seed", "top_k", "logprobs", "bias_ids", "bias_vals") + FLOAT_FIELDS_R
 
 
 def update_token_stats(counts, in_prompt, f, fb: FlatBatch, tokens):
@@ -98,17 +103,27 @@ def paged_step(
     streams, layers_aux = run_layers(cfg, params, tokens, attention_for)
     last = jnp.clip(f["start"] + f["n_new"] - 1, 0, shape.num_tokens - 1)
     head = lambda h: lm_head(cfg, params, params["hc_head"], params["norm"], h)  # noqa: E731
-    logits = head(streams[0][last])
     counts, in_prompt = update_token_stats(state["counts"], state["in_prompt"], f, fb, tokens[0])
-    slot = jnp.minimum(f["slot"], counts.shape[0] - 1)  # padding rows read any slot; their samples are dropped
-    processed = apply_logit_bias(logits, f["bias_ids"], f["bias_vals"])
-    processed = apply_penalties(processed, counts, in_prompt, slot, f["repetition_penalty"],
-                                f["presence_penalty"], f["frequency_penalty"])
-    sampled = sample(processed, f["length"] + f["n_new"], f["seed"], f["temperature"], f["top_k"], f["top_p"],
-                     min_p=f["min_p"])
-    logprobs = token_logprobs(logits, sampled, (f["logprobs"] > 0) & (f["sample"] > 0), MAX_LOGPROBS)
+
+    def sample_rows(h, r):
+        """Head, logit processing and sampling for rows independently (r: their plan fields)."""
+        logits = head(h)
+        slot = jnp.minimum(r["slot"], counts.shape[0] - 1)  # padding rows read any slot; their samples are dropped
+        processed = apply_logit_bias(logits, r["bias_ids"], r["bias_vals"])
+        processed = apply_penalties(processed, counts, in_prompt, slot, r["repetition_penalty"],
+                                    r["presence_penalty"], r["frequency_penalty"])
+        sampled = sample(processed, r["length"] + r["n_new"], r["seed"], r["temperature"], r["top_k"], r["top_p"],
+                         min_p=r["min_p"])
+        logprobs = token_logprobs(logits, sampled, (r["logprobs"] > 0) & (r["sample"] > 0), MAX_LOGPROBS)
+        return sampled, logits, logprobs
+
+    tiled = cfg.batch_invariant  # rows and tokens in fixed tiles, as inside the model
+    row_fields = {k: f[k] for k in ROW_SAMPLING_FIELDS}
+    sampled, logits, logprobs = per_token(tiled, sample_rows, streams[0][last], row_fields)
     # prompt logprobs: the lm head at every token whose next prompt token is wanted (skipped otherwise)
-    prompt_lp = token_logprobs(streams[0], f["next_prompt_token"], f["next_prompt_token"] >= 0, MAX_LOGPROBS, head)
+    prompt_lp = per_token(
+        tiled, lambda h, nxt: token_logprobs(h, nxt, nxt >= 0, MAX_LOGPROBS, head), streams[0], f["next_prompt_token"]
+    )
     writes = jnp.where(f["sample"] > 0, f["slot"], last_token.shape[0])  # padding / mid-prompt rows: dropped
     new_state = {
         "layers": [aux["attn.state"] for aux in layers_aux],

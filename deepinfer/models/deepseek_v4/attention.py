@@ -65,13 +65,7 @@ def output_projection(cfg: ModelConfig, p: dict, o: jax.Array, cos: jax.Array, s
     g = cfg.o_groups
     grouped = o.reshape(*o.shape[:-2], g, -1)  # [B, S, G, H*hd/G]
     wo_a = p["wo_a"].reshape(g, cfg.o_lora_rank, -1).astype(o.dtype)  # [G, R, H*hd/G]
-    if cfg.batch_invariant:
-        # A batched matmul over groups computes tokens as its M dimension, whose kernel choice
-        # (and rounding) changes with the token count; per-group 2-D products do not.
-        mid = jnp.stack([einsum_f32("...k,rk->...r", grouped[..., i, :], wo_a[i]) for i in range(g)], axis=-2)
-        mid = mid.astype(o.dtype)
-    else:
-        mid = einsum_f32("bsgk,grk->bsgr", grouped, wo_a).astype(o.dtype)
+    mid = einsum_f32("bsgk,grk->bsgr", grouped, wo_a).astype(o.dtype)
     return linear(mid.reshape(*mid.shape[:-2], -1), p["wo_b"])
 
 

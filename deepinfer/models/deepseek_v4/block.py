@@ -9,7 +9,7 @@ import jax
 from deepinfer.config import ModelConfig
 from deepinfer.models.deepseek_v4.hyper_connections import hc_post, hc_pre
 from deepinfer.models.deepseek_v4.moe import moe
-from deepinfer.models.deepseek_v4.ops import rms_norm
+from deepinfer.models.deepseek_v4.ops import per_token_2d, rms_norm
 
 # normed attention input [B, S, D] -> (output [B, S, D], intermediates)
 AttentionFn = Callable[[jax.Array], tuple[jax.Array, dict]]
@@ -32,15 +32,22 @@ def block(
     "attn.*" — attention internals; "out" — the new streams.
     """
     eps = cfg.rms_norm_eps
-    post, comb, collapsed = hc_pre(cfg, p["hc_attn"], streams)
-    attn_in = rms_norm(collapsed, p["attn_norm"], eps)
-    attn_out, attn_aux = attention_fn(attn_in)
-    streams = hc_post(post, comb, attn_out, streams)
+    tiled = cfg.batch_invariant  # per-token work in fixed token tiles (ops.token_tiled)
 
-    post, comb, collapsed = hc_pre(cfg, p["hc_ffn"], streams)
-    ffn_in = rms_norm(collapsed, p["ffn_norm"], eps)
-    moe_out = moe(cfg, p["ffn"], mlp_type, ffn_in, token_ids)
-    streams = hc_post(post, comb, moe_out, streams)
+    def attn_input(streams):
+        post, comb, collapsed = hc_pre(cfg, p["hc_attn"], streams)
+        return post, comb, rms_norm(collapsed, p["attn_norm"], eps)
+
+    def ffn(post, comb, attn_out, streams, token_ids):
+        streams = hc_post(post, comb, attn_out, streams)
+        post, comb, collapsed = hc_pre(cfg, p["hc_ffn"], streams)
+        ffn_in = rms_norm(collapsed, p["ffn_norm"], eps)
+        moe_out = moe(cfg, p["ffn"], mlp_type, ffn_in, token_ids)
+        return hc_post(post, comb, moe_out, streams), ffn_in, moe_out
+
+    post, comb, attn_in = per_token_2d(tiled, attn_input, streams)
+    attn_out, attn_aux = attention_fn(attn_in)
+    streams, ffn_in, moe_out = per_token_2d(tiled, ffn, post, comb, attn_out, streams, token_ids)
 
     aux = {"attn_in": attn_in, "attn": attn_out, "ffn_in": ffn_in, "moe": moe_out, "out": streams}
     aux.update({f"attn.{k}": v for k, v in attn_aux.items()})

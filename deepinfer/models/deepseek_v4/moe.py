@@ -44,14 +44,15 @@ def routed_experts(cfg: ModelConfig, p: dict, x: jax.Array, weights: jax.Array, 
     * accelerators: grouped matmuls over expert-sorted rows (lax.ragged_dot);
     * CPU, few (token, expert) pairs (decode): gather just the chosen experts' weights;
     * CPU otherwise: every expert on every token, combined with zero weight for
-      the unchosen (always, in batch-invariant mode: switching formulations by
-      batch size would change a token's rounding with the batch). XLA's CPU ragged_dot costs ~13 ms even for 2 rows (measured
+      the unchosen. XLA's CPU ragged_dot costs ~13 ms even for 2 rows (measured
       with 12 experts of 512x512), which made decoding ~30x slower.
+    The choice is static (from the token count), so in batch-invariant mode, where the
+    block runs in fixed token tiles, every tile takes the same formulation.
     """
     n, k = experts.shape
     if jax.default_backend() != "cpu":
         return _grouped_experts(cfg, p, x, weights, experts)
-    if n * k <= cfg.n_routed_experts and not cfg.batch_invariant:  # one formulation for every batch size
+    if n * k <= cfg.n_routed_experts:
         return _gathered_experts(cfg, p, x, weights, experts)
     return _dense_experts(cfg, p, x, weights, experts)
 
@@ -71,10 +72,7 @@ def _dense_experts(cfg: ModelConfig, p: dict, x: jax.Array, weights: jax.Array, 
     gate = jnp.einsum("nd,eid->nei", x, p["w1"].astype(dt))
     up = jnp.einsum("nd,eid->nei", x, p["w3"].astype(dt))
     hidden = swiglu(gate, up, cfg.swiglu_limit)
-    if cfg.batch_invariant:  # per-expert 2-D products: a batched matmul's kernel varies with the token count
-        out = jnp.stack([jnp.einsum("ni,di->nd", hidden[:, e], p["w2"][e].astype(dt)) for e in range(cfg.n_routed_experts)], axis=1)
-    else:
-        out = jnp.einsum("nei,edi->ned", hidden, p["w2"].astype(dt))
+    out = jnp.einsum("nei,edi->ned", hidden, p["w2"].astype(dt))
     return jnp.einsum("ned,ne->nd", out, combine)
 
 

@@ -22,7 +22,7 @@ from deepinfer.kv.ring import ring_positions
 from deepinfer.models.deepseek_v4 import indexer
 from deepinfer.models.deepseek_v4.attention import output_projection, query_and_kv, rope_for, sink_softmax
 from deepinfer.models.deepseek_v4.compressor import project, rows_from_positions
-from deepinfer.models.deepseek_v4.ops import token_tiled
+from deepinfer.models.deepseek_v4.ops import per_token
 from deepinfer.models.deepseek_v4.rope import rope_angles
 
 
@@ -64,31 +64,34 @@ def _write_ring(ring: jax.Array, values: jax.Array, fb: FlatBatch) -> jax.Array:
     return ring.at[slots, jnp.mod(fb.positions, size)].set(values.astype(ring.dtype), mode="drop")
 
 
-def paged_compressor(cfg, p, st, x, fb: FlatBatch, ratio, head_dim, overlap, page_size, table) -> dict:
-    """Rows closing in this step (one per closing token) written to the pool; rings updated."""
+def compressor_inputs(p: dict, x: jax.Array, positions: jax.Array, ratio: int) -> dict:
+    """Per-token compressor inputs: kv [T, W] and gate [T, W] (fp32, positional bias added)."""
     kv, gate = project(p, x)
-    gate = gate.astype(jnp.float32) + p["ape"][jnp.mod(fb.positions, ratio)]
+    return {"kv": kv, "gate": gate.astype(jnp.float32) + p["ape"][jnp.mod(positions, ratio)]}
+
+
+def paged_compressor(cfg, p, st, inputs: dict, fb: FlatBatch, ratio, head_dim, overlap, page_size, table) -> dict:
+    """Rows closing in this step (one per closing token) written to the pool; rings updated.
+
+    ``inputs``: this step's compressor_inputs. A row pools its window's inputs, gathered by
+    position from the slot's ring or the step itself, so each row is a per-token computation."""
     ring = st["compressor"]
     closes = fb.valid & (jnp.mod(fb.positions + 1, ratio) == 0)
-    w = (fb.positions + 1) // ratio - 1
-    inputs = {"kv": kv, "gate": gate}
-    if cfg.batch_invariant:
-        def tile_rows(w_t, length_t, start_t, slot_t):
-            tb = dataclasses.replace(fb, length=length_t, start=start_t, slot=slot_t)
-            return rows_from_positions(
-                cfg, p, lambda pos, k: _by_position(ring[k], inputs[k], tb, pos), w_t, ratio, head_dim, overlap
-            )
+    w = jnp.maximum((fb.positions + 1) // ratio - 1, 0)
 
-        rows = token_tiled(tile_rows, jnp.maximum(w, 0), fb.length, fb.start, fb.slot)
-    else:
-        rows = rows_from_positions(
-            cfg, p, lambda pos, k: _by_position(ring[k], inputs[k], fb, pos), jnp.maximum(w, 0), ratio, head_dim, overlap
+    def rows_for(w_t, length_t, start_t, slot_t):
+        tb = dataclasses.replace(fb, length=length_t, start=start_t, slot=slot_t)
+        return rows_from_positions(
+            cfg, p, lambda pos, k: _by_position(ring[k], inputs[k], tb, pos), w_t, ratio, head_dim, overlap
         )
+
+    rows = per_token(cfg.batch_invariant, rows_for, w, fb.length, fb.start, fb.slot)
     pool = st["rows"]
-    page = jnp.take_along_axis(table, (jnp.maximum(w, 0) // page_size)[:, None], axis=1, mode="clip")[:, 0]
+    page = jnp.take_along_axis(table, (w // page_size)[:, None], axis=1, mode="clip")[:, 0]
     page = jnp.where(closes, page, pool.shape[0])
-    pool = pool.at[page, jnp.mod(jnp.maximum(w, 0), page_size)].set(rows.astype(pool.dtype), mode="drop")
-    return {"compressor": {"kv": _write_ring(ring["kv"], kv, fb), "gate": _write_ring(ring["gate"], gate, fb)}, "rows": pool}
+    pool = pool.at[page, jnp.mod(w, page_size)].set(rows.astype(pool.dtype), mode="drop")
+    written = {k: _write_ring(ring[k], inputs[k], fb) for k in ("kv", "gate")}
+    return {"compressor": written, "rows": pool}
 
 
 def _gather_rows(pool: jax.Array, table: jax.Array) -> jax.Array:
@@ -117,46 +120,75 @@ def _attend_parts(q, parts, sink, scale):
 
 
 def paged_attention(cfg: ModelConfig, p: dict, layer_type: str, st: dict, x: jax.Array, fb: FlatBatch, page_size: int):
-    """x [T, D] normed -> (output [T, D], new layer state)."""
-    cos, sin = rope_angles(rope_for(cfg, layer_type), cfg.qk_rope_head_dim, fb.positions)
-    q_latent, q, kv = query_and_kv(cfg, p, x[None], cos[None], sin[None])
-    q_latent, q, kv = q_latent[0], q[0], kv[0]
+    """x [T, D] normed -> (output [T, D], new layer state).
 
+    Three phases: per-token projections (query, kv, compressor and indexer inputs); the
+    exchange between tokens, which only moves data (ring and pool writes, keys gathered
+    by position or through block tables; pooling a compressed row is per-token work on
+    gathered inputs); per-token scoring, attention and output projection.
+
+    Batch-invariant mode runs the per-token phases in fixed token tiles
+    (ops.per_token) and gathers each token's window keys by position into a fixed
+    [T, window] set, so nothing but exact data movement sees how many tokens the
+    step holds. The normal path reads the slot's ring plus the step's keys, shared
+    by all its tokens and masked per request.
+    """
+    tiled = cfg.batch_invariant
+    rope = rope_for(cfg, layer_type)
+    compressed = layer_type in (CSA, HCA)
+    ratio = cfg.compress_ratio(layer_type) if compressed else 0
+
+    def project_tokens(x, positions):
+        cos, sin = rope_angles(rope, cfg.qk_rope_head_dim, positions)
+        q_latent, q, kv = (a[0] for a in query_and_kv(cfg, p, x[None], cos[None], sin[None]))
+        out = {"q": q, "kv": kv}
+        if compressed:
+            out["main"] = compressor_inputs(p["compressor"], x, positions, ratio)
+        if layer_type == CSA:
+            out["index"] = compressor_inputs(p["indexer"]["compressor"], x, positions, ratio)
+            out["iq"] = indexer.index_queries(cfg, p["indexer"], q_latent[None], cos[None], sin[None])[0]
+        return out
+
+    a = per_token(tiled, project_tokens, x, fb.positions)
+
+    # -- the exchange: data movement only --
     ring = st["window"]
-    if cfg.batch_invariant:
-        # Each token's window keys gathered by position (from the ring or this step), a fixed
-        # [T, window] set in position order: the same reduction whatever the step holds.
+    new_st = {"window": _write_ring(ring, a["kv"], fb)}
+    if tiled:
         window_pos = fb.positions[:, None] - jnp.arange(cfg.sliding_window - 1, -1, -1)[None, :]
-        keys = _by_position(ring, kv, fb, jnp.maximum(window_pos, 0))
-        parts = [(keys, window_pos >= 0, False)]
+        own_keys = [(_by_position(ring, a["kv"], fb, jnp.maximum(window_pos, 0)), window_pos >= 0)]
+        step_mask = None
     else:
-        ring_keys = _take_slots(ring, fb.slot)
         ring_pos = ring_positions(fb.length, ring.shape[1])
         d = fb.positions[:, None] - ring_pos
-        ring_mask = (ring_pos >= 0) & (d >= 0) & (d < cfg.sliding_window)
+        own_keys = [(_take_slots(ring, fb.slot), (ring_pos >= 0) & (d >= 0) & (d < cfg.sliding_window))]
         d2 = fb.positions[:, None] - fb.positions[None, :]
         step_mask = (fb.row[:, None] == fb.row[None, :]) & fb.valid[None, :] & (d2 >= 0) & (d2 < cfg.sliding_window)
-        parts = [(ring_keys, ring_mask, False), (kv, step_mask, True)]
-    new_st = {"window": _write_ring(ring, kv, fb)}
-
-    if layer_type in (CSA, HCA):
-        ratio = cfg.compress_ratio(layer_type)
+    rows = visible = index_rows = None
+    if compressed:
         table = fb.tables[POOL_OF_LAYER[layer_type]]
-        main = paged_compressor(cfg, p["compressor"], st, x, fb, ratio, cfg.head_dim, layer_type == CSA, page_size, table)
-        new_st.update(main)
-        rows = _gather_rows(main["rows"], table)
+        new_st.update(paged_compressor(cfg, p["compressor"], st, a["main"], fb, ratio, cfg.head_dim,
+                                       layer_type == CSA, page_size, table))
+        rows = _gather_rows(new_st["rows"], table)
         visible = jnp.arange(rows.shape[1])[None, :] < ((fb.positions + 1) // ratio)[:, None]
-        if layer_type == CSA:
-            ip = p["indexer"]
-            idx = paged_compressor(cfg, ip["compressor"], st["indexer"], x, fb, ratio, cfg.index_head_dim, True, page_size, table)
-            new_st["indexer"] = idx
-            iq = indexer.index_queries(cfg, ip, q_latent[None], cos[None], sin[None])
-            scores = jax.vmap(lambda xi, qi, ki: indexer.index_scores(cfg, ip, xi[None, None], qi[None, None], ki[None])[0, 0])(
-                x, iq[0], _gather_rows(idx["rows"], table)
-            )
-            visible = indexer.select_top_k(scores, visible, cfg.index_topk)
-        parts.append((rows, visible, False))
+    if layer_type == CSA:
+        new_st["indexer"] = paged_compressor(cfg, p["indexer"]["compressor"], st["indexer"], a["index"], fb, ratio,
+                                             cfg.index_head_dim, True, page_size, table)
+        index_rows = _gather_rows(new_st["indexer"]["rows"], table)
 
-    o = _attend_parts(q, parts, p["sink"], cfg.head_dim**-0.5)
-    out = output_projection(cfg, p, o[None], cos[None], sin[None])[0]
+    def attend_tokens(q, positions, x, iq, own_keys, step_mask, rows, visible, index_rows):
+        parts = [(k, m, False) for k, m in own_keys]
+        if step_mask is not None:  # the step's keys, shared by every token (normal path only)
+            parts.append((a["kv"], step_mask, True))
+        if layer_type == CSA:
+            scores = indexer.index_scores(cfg, p["indexer"], x[:, None], iq[:, None], index_rows)[:, 0]
+            visible = indexer.select_top_k(scores, visible, cfg.index_topk)
+        if compressed:
+            parts.append((rows, visible, False))
+        o = _attend_parts(q, parts, p["sink"], cfg.head_dim**-0.5)
+        cos, sin = rope_angles(rope, cfg.qk_rope_head_dim, positions)
+        return output_projection(cfg, p, o[None], cos[None], sin[None])[0]
+
+    out = per_token(tiled, attend_tokens, a["q"], fb.positions, x, a.get("iq"), own_keys, step_mask, rows,
+                    visible, index_rows)
     return out, new_st
