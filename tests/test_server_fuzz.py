@@ -148,7 +148,8 @@ def test_request_that_can_never_fit_is_400(server, n_prompts):
 
 
 def test_disconnects_are_one_info_line(server):
-    """A non-streaming client that goes away and a half-sent body: one INFO line each, no traceback."""
+    """A non-streaming client that goes away, a half-sent body and a stream left mid-way: one INFO
+    line each, with the request id, and no traceback."""
     wait_idle(server)
     body = json.dumps(greedy({"prompt": [1, 2, 3], "max_tokens": 2000})).encode()
     head = (f"POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {KEY}\r\n"
@@ -156,16 +157,19 @@ def test_disconnects_are_one_info_line(server):
     raw_request(server.port, head, body, hold_s=0.5, read=False)
     half = head.replace(f"Content-Length: {len(body)}".encode(), b"Content-Length: 5000")
     raw_request(server.port, half, body[:30], hold_s=0.3, read=False)
+    cut = stream_completion(server.base, greedy({"prompt": [1, 2, 3], "max_tokens": 2000}), KEY, stop_after=3)
+    assert cut.chunks == 3 and not cut.done
     d = wait_idle(server)
     assert sum(d["pages_used"].values()) == 0 and d["slots_used"] == 0
     deadline = time.monotonic() + 10
-    while server.log().count("client disconnected") < 2 and time.monotonic() < deadline:
+    while server.log().count("client disconnected") < 3 and time.monotonic() < deadline:
         time.sleep(0.1)
     log = server.log()
     lines = [line for line in log.splitlines() if "client disconnected" in line]
-    assert len(lines) == 2 and all(" INFO deepinfer.serve: request " in line for line in lines), lines
-    assert any("cmpl-" in line and line.endswith("client disconnected") for line in lines)
+    assert len(lines) == 3 and all(" INFO deepinfer.serve: request cmpl-" in line for line in lines), lines
+    assert any(line.endswith("client disconnected") for line in lines)
     assert any(line.endswith("client disconnected while sending the body") for line in lines)
+    assert any(line.endswith("client disconnected mid-stream") for line in lines)
     for noise in ("Traceback", "Exception in ASGI application", "CancelledError", "ClientDisconnect"):
         assert noise not in log
 

@@ -147,13 +147,19 @@ def event_stream(rid: str, chunks) -> StreamingResponse:
     the stream is written, the client still gets an error event and ``[DONE]``."""
 
     async def guarded():
+        ended = False
         try:
             async for chunk in chunks:
                 yield chunk
+            ended = True
         except Exception as e:  # noqa: BLE001 - the stream must end with an event the client can read
+            ended = True
             log.exception("request %s: stream failed", rid)
             yield sse(APIError(500, f"internal error: {type(e).__name__}: {e}").body())
             yield SSE_DONE
+        finally:
+            if not ended:  # closed or cancelled before the end: the client went away
+                log.info("request %s: client disconnected mid-stream", rid)
 
     return StreamingResponse(guarded(), media_type="text/event-stream")
 
