@@ -4,7 +4,7 @@ and shutdown fails what is left instead of hanging."""
 import asyncio
 
 from deepinfer import SamplingParams
-from deepinfer.runtime.engine import EngineConfig
+from deepinfer.runtime.engine import EngineConfig, LLMEngine
 from deepinfer.serve.async_engine import AsyncEngine
 from tests.reference import load_case
 from tests.engine_cases import ENGINE_KW, MAX_TOKENS
@@ -61,3 +61,34 @@ def test_stop_fails_streams_in_flight():
     assert ids == [] and reason is None and "shutting down" in error
     aeng._thread.join(5)
     assert not aeng.alive
+
+
+class BrokenOnce(AsyncEngine):
+    """A host-side bug outside the step (here: handing out the tokens), once."""
+
+    def _push_updates(self):
+        if self.engine.updated and not getattr(self, "broke", False):
+            self.broke = True
+            raise RuntimeError("host-side bug")
+        super()._push_updates()
+
+
+def test_loop_error_fails_streams_instead_of_hanging(reference_streams):
+    """A bug anywhere in the engine loop ends the streams in flight with an error; the loop lives on."""
+    case = load_case("mixed")
+    prompts, expected = reference_streams
+    aeng = BrokenOnce(LLMEngine(case.cfg, case.params, EngineConfig(max_num_batched_tokens=13, **ENGINE_KW)))
+    aeng.start()
+
+    async def main():
+        first = await asyncio.wait_for(run_one(aeng, "a", prompts[1], MAX_TOKENS[1]), 60)
+        later = await asyncio.wait_for(run_one(aeng, "b", prompts[1], MAX_TOKENS[1]), 60)
+        return first, later
+
+    try:
+        (ids, error, reason), later = asyncio.run(main())
+    finally:
+        aeng.stop()
+    assert error == "engine error: RuntimeError: host-side bug" and reason is None
+    assert later == (expected[1], None, "length")
+    aeng.engine.check_all_free()

@@ -122,34 +122,40 @@ class AsyncEngine:
     # -- engine thread -------------------------------------------------------------
 
     def _run(self) -> None:
-        engine = self.engine
         while True:
-            self._drain()
-            if self._stopping:
-                self._fail_all("the server is shutting down")
-                return
-            if not engine.has_unfinished:
-                self._refresh()
-                self._wake.wait(0.5)
-                self._wake.clear()
-                continue
             try:
-                engine.step()
-            except StepFailed as e:
-                for req in e.failed:
-                    self._finish_stream(req, error=f"engine step failed: {req.error}")
-                self._push_updates()  # bystanders that got tokens while the culprit was sought
-                continue
-            except Exception as e:  # a host-side bug: fail everything in flight, keep serving
+                if self._turn():
+                    return
+            except Exception as e:  # a host-side bug: fail everything in flight (no stream waits for ever), keep serving
                 log.exception("engine loop error")
                 self._fail_all(f"engine error: {type(e).__name__}: {e}")
-                continue
-            if self.metrics is not None:
-                self.metrics.step_host_time.observe(engine.last_host_s)
-                self.metrics.step_wait_time.observe(engine.last_wait_s)
-                self.metrics.num_steps.inc()
-            self._push_updates()
+
+    def _turn(self) -> bool:
+        """One turn of the loop: commands, then a step if there is work. True once stopped."""
+        engine = self.engine
+        self._drain()
+        if self._stopping:
+            self._fail_all("the server is shutting down")
+            return True
+        if not engine.has_unfinished:
             self._refresh()
+            self._wake.wait(0.5)
+            self._wake.clear()
+            return False
+        try:
+            engine.step()
+        except StepFailed as e:
+            for req in e.failed:
+                self._finish_stream(req, error=f"engine step failed: {req.error}")
+            self._push_updates()  # bystanders that got tokens while the culprit was sought
+            return False
+        if self.metrics is not None:
+            self.metrics.step_host_time.observe(engine.last_host_s)
+            self.metrics.step_wait_time.observe(engine.last_wait_s)
+            self.metrics.num_steps.inc()
+        self._push_updates()
+        self._refresh()
+        return False
 
     def _push_updates(self) -> None:
         now = time.monotonic()
