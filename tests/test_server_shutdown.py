@@ -72,6 +72,7 @@ def test_sigterm_finishes_short_streams_and_ends_the_rest_with_an_error(server):
     refused = httpx.post(server.base + "/v1/completions", json={"prompt": [1], "max_tokens": 2}, timeout=10)
     assert refused.status_code == 503
     assert refused.json()["error"]["message"] == "the server is shutting down"
+    assert httpx.get(server.base + "/health", timeout=10).status_code == 503
     for t in threads:
         t.join(60)
     ended = time.monotonic() - t_term

@@ -32,7 +32,8 @@ TIMEOUT_S = 300  # a stream still open after this is a hang
 def server(server_cache, tmp_path_factory):
     srv = ServerProcess(["--model", ensure_random_model(server_cache), "--served-model-name", MODEL,
                          "--max-num-seqs", "16", "--max-num-batched-tokens", "128", "--max-model-len", "512",
-                         "--max-waiting", str(STREAMS)], server_cache, str(tmp_path_factory.mktemp("log") / "soak.log"))
+                         "--max-waiting", str(STREAMS)], server_cache, str(tmp_path_factory.mktemp("log") / "soak.log"),
+                        timeout=600)  # a cold compile on busy CPUs
     yield srv
     srv.stop()
 

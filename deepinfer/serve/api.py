@@ -126,6 +126,8 @@ def build_app(state: ServerState, lifespan=None) -> FastAPI:
 
     @app.get("/health")
     async def health():
+        if state.draining:  # load balancers stop sending here while the streams in flight finish
+            raise APIError(503, "the server is shutting down")
         if not state.engine.alive:
             raise APIError(503, "the engine loop is not running")
         return {"status": "ok"}
