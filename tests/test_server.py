@@ -280,13 +280,17 @@ def test_cancel_frees_pages_others_continue(server, client):
     assert before["running"] == 2 and before["sequences_in_flight"] == 2
     victim.close()  # the client goes away mid-stream
     deadline = time.monotonic() + 10
-    while debug(server)["sequences_in_flight"] != 1 and time.monotonic() < deadline:
+    # the handler lets go first, then the engine thread takes the abort: wait for both
+    while (debug(server)["sequences_in_flight"], debug(server)["running"]) != (1, 1) and time.monotonic() < deadline:
         time.sleep(0.05)
     after = debug(server)
-    assert after["running"] <= 1 and after["slots_used"] <= 1
-    assert sum(after["pages_used"].values()) < sum(before["pages_used"].values())
+    # the victim's slot is free at once (its pages too, but the survivor, ~700 tokens/s, may take
+    # a fresh page in the same moment, so the page total alone cannot show it)
+    assert after["running"] == 1 and after["slots_used"] == 1
     t.join(120)
     assert "".join(survivor_text) == alone  # the other stream was untouched
+    idle = wait_idle(server)
+    assert sum(idle["pages_used"].values()) == 0 and idle["slots_used"] == 0
     assert metrics(server)["deepinfer:request_success_total{finished_reason=abort}"] >= 1
 
 
