@@ -1,11 +1,12 @@
 """Cost of batch-invariant mode: offline throughput with DEEPINFER_BATCH_INVARIANT=1 vs without,
 same workload, run side by side (off, on, off, on) in one invocation.
 
-    python benchmarks/batch_invariance_cost.py [--models tiny,mid] [--num-prompts 64]
+    python benchmarks/batch_invariance_cost.py [--models bundled,tiny,mid] [--num-prompts 64]
 
 Each measurement is benchmarks/offline_throughput.py in a fresh process (the
-mode changes XLA flags, which are fixed when JAX starts); prompts 32-256,
-outputs 16-64 by default. Prints output tok/s per run and the cost ratio
+mode changes XLA flags, which are fixed when JAX starts) with the engine's
+default settings (token budget 256, default buckets); prompts 32-256, outputs
+16-64 by default. Prints output tok/s per run and the cost ratio
 (best off / best on); writes benchmarks/results/batch_invariance_cost.json.
 """
 
@@ -31,14 +32,14 @@ def measure(model: str, invariant: bool, args) -> float:
     with tempfile.NamedTemporaryFile(suffix=".json") as out:
         cmd = [sys.executable, os.path.join(ROOT, "benchmarks", "offline_throughput.py"), "--models", model,
                "--num-prompts", str(args.num_prompts), "--min-prompt", "32", "--max-prompt", str(args.max_prompt),
-               "--min-out", "16", "--max-out", str(args.max_out), "--out", out.name]
+               "--min-out", "16", "--max-out", str(args.max_out), "--engine-defaults", "--out", out.name]
         subprocess.run(cmd, env=env, check=True, capture_output=True, text=True)
         return json.load(open(out.name))["results"][0]["output_tokens_per_s"]
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--models", default="tiny,mid")
+    ap.add_argument("--models", default="bundled,tiny,mid")
     ap.add_argument("--num-prompts", type=int, default=64)
     ap.add_argument("--max-prompt", type=int, default=256)
     ap.add_argument("--max-out", type=int, default=64)

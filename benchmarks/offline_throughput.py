@@ -1,6 +1,6 @@
 """Offline engine throughput on a fixed synthetic workload.
 
-    python benchmarks/offline_throughput.py [--models tiny,mid] [--num-prompts 256]
+    python benchmarks/offline_throughput.py [--models tiny,mid,bundled] [--num-prompts 256] [--engine-defaults]
 
 --num-prompts requests (seed 0) with prompt lengths uniform in [--min-prompt,
 --max-prompt] (default 32-512) and max_tokens uniform in [--min-out, --max-out]
@@ -26,21 +26,32 @@ sys.path.insert(0, ROOT)
 
 from benchmarks.timing import write_record  # noqa: E402
 from deepinfer.config import ModelConfig  # noqa: E402
+from deepinfer.default_model import default_model_dir  # noqa: E402
+from deepinfer.models.deepseek_v4.loader import load_checkpoint  # noqa: E402
 from deepinfer.engine.sampling_params import SamplingParams  # noqa: E402
 from deepinfer.models.deepseek_v4 import model_spec  # noqa: E402
 from deepinfer.params import init_params  # noqa: E402
 from deepinfer.runtime.engine import EngineConfig, LLMEngine  # noqa: E402
 
-CONFIGS = {"tiny": "tiny_mixed.json", "mid": "mid.json"}
+CONFIGS = {"tiny": "tiny_mixed.json", "mid": "mid.json"}  # random weights; "bundled": deepinfer-tiny-v4
+
+
+def load_model(name: str):
+    if name == "bundled":
+        return load_checkpoint(default_model_dir(), dtype="float32", mtp="skip")
+    cfg = ModelConfig.from_json_file(os.path.join(ROOT, "configs", CONFIGS[name]))
+    return cfg, init_params(model_spec(cfg, include_mtp=False), jax.random.key(0))
 
 
 def offline(cfg, params, args) -> dict:
     rng = np.random.default_rng(0)
     lens = rng.integers(args.min_prompt, args.max_prompt + 1, args.num_prompts)
     outs = rng.integers(args.min_out, args.max_out + 1, args.num_prompts)
+    # --engine-defaults: the buckets LLM() and the server get; otherwise three token buckets, one row bucket
+    buckets = {} if args.engine_defaults else dict(token_buckets=(16, 64, 256), row_buckets=(16,))
     ec = EngineConfig(
         max_num_seqs=16, max_num_batched_tokens=256, max_model_len=args.max_prompt + args.max_out + 1,
-        page_size=16, token_buckets=(16, 64, 256), row_buckets=(16,), measure_device=True,
+        page_size=16, measure_device=True, **buckets,
     )
     engine = LLMEngine(cfg, params, ec)
     t = time.perf_counter()
@@ -74,13 +85,13 @@ def main():
     ap.add_argument("--max-prompt", type=int, default=512)
     ap.add_argument("--min-out", type=int, default=16)
     ap.add_argument("--max-out", type=int, default=256)
+    ap.add_argument("--engine-defaults", action="store_true", help="the default EngineConfig buckets (as LLM() and the server)")
     ap.add_argument("--out", default=os.path.join(ROOT, "benchmarks", "results", "offline_throughput.json"))
     args = ap.parse_args()
     record = {"benchmark": "offline_throughput", "device": jax.devices()[0].device_kind, "workload": {
         k: getattr(args, k) for k in ("num_prompts", "min_prompt", "max_prompt", "min_out", "max_out")}, "results": []}
     for name in args.models.split(","):
-        cfg = ModelConfig.from_json_file(os.path.join(ROOT, "configs", CONFIGS[name]))
-        params = init_params(model_spec(cfg, include_mtp=False), jax.random.key(0))
+        cfg, params = load_model(name)
         off = {"model": name, **offline(cfg, params, args)}
         record["results"].append(off)
         print(f"{name}: {off['requests']} requests ({off['prompt_tokens']} prompt + {off['output_tokens']} output tokens) "
