@@ -1,9 +1,9 @@
 """`python -m deepinfer`: run the V4 forward on a checkpoint or a config, from the command line.
 
-Until the server lands (`python -m deepinfer.serve`), this is the end-to-end job:
-load a checkpoint directory (config.json + safetensors, transformers or official
-naming) or build a random model from a config file, then greedily extend a
-token prompt through the engine (paged KV state, chunked prefill).
+Loads a checkpoint directory (config.json + safetensors, transformers or official
+naming; by default the bundled deepinfer-tiny-v4) or builds a random model from a
+config file, then greedily extends a token prompt through the engine (paged KV
+state, chunked prefill). The server is `python -m deepinfer.serve`.
 """
 
 from __future__ import annotations
@@ -13,13 +13,15 @@ import os
 import sys
 import time
 
+from deepinfer.default_model import default_model_dir
+
 MAX_RANDOM_PARAMS = 2_000_000_000
-DEFAULT_MODEL = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs", "tiny_mixed.json")
 
 
 def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m deepinfer", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", default=DEFAULT_MODEL, help="checkpoint directory, or a config.json for random weights (default: %(default)s)")
+    p.add_argument("--model", default=default_model_dir(),
+                   help="checkpoint directory, or a config.json for random weights (default: the bundled %(default)s)")
     p.add_argument("--prompt-ids", default="1,2,3,4,5", help="comma-separated prompt token ids (default: %(default)s)")
     p.add_argument("--new-tokens", type=int, default=8, help="greedy tokens to generate, >= 1 (default: %(default)s)")
     p.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
