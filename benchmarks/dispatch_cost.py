@@ -28,12 +28,13 @@ sys.path.insert(0, ROOT)
 
 from benchmarks.timing import write_record  # noqa: E402
 from deepinfer.config import ModelConfig  # noqa: E402
-from deepinfer.engine.plan import PlanShape, pack  # noqa: E402
-from deepinfer.engine.sampling_params import SamplingParams  # noqa: E402
+from deepinfer.engine_config import EngineConfig  # noqa: E402
 from deepinfer.models.deepseek_v4 import model_spec  # noqa: E402
 from deepinfer.params import init_params  # noqa: E402
-from deepinfer.runtime.engine import EngineConfig, LLMEngine  # noqa: E402
+from deepinfer.runtime.engine import LLMEngine  # noqa: E402
 from deepinfer.runtime.paged_step import paged_step, paged_step_jit  # noqa: E402
+from deepinfer.scheduler.plan import PlanShape, pack  # noqa: E402
+from deepinfer.scheduler.sampling_params import SamplingParams  # noqa: E402
 
 CONFIGS = {"tiny": "tiny_mixed.json", "mid": "mid.json"}
 

@@ -32,8 +32,6 @@ from deepinfer.models.deepseek_v4.loader import load_checkpoint  # noqa: E402
 from deepinfer.params import count_params, init_params  # noqa: E402
 
 
-
-
 def deepinfer_rate(cfg, params, batch, prompt_len, new_tokens) -> float:
     prompts = np.random.default_rng(batch).integers(2, cfg.vocab_size, (batch, prompt_len))
 

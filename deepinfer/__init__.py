@@ -25,7 +25,7 @@ def __getattr__(name):
 
         return LLM
     if name == "SamplingParams":
-        from deepinfer.engine.sampling_params import SamplingParams
+        from deepinfer.scheduler.sampling_params import SamplingParams
 
         return SamplingParams
     if name == "ModelConfig":

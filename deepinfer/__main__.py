@@ -34,11 +34,12 @@ def main(argv: list[str] | None = None) -> int:
     import jax
 
     from deepinfer.config import ConfigError, ModelConfig
-    from deepinfer.engine.sampling_params import SamplingParams
+    from deepinfer.engine_config import EngineConfig
     from deepinfer.models.deepseek_v4 import model_spec
     from deepinfer.models.deepseek_v4.loader import CheckpointError, load_checkpoint
     from deepinfer.params import count_params, init_params
-    from deepinfer.runtime.engine import EngineConfig, LLMEngine
+    from deepinfer.runtime.engine import LLMEngine
+    from deepinfer.scheduler.sampling_params import SamplingParams
 
     try:
         prompt = [int(t) for t in args.prompt_ids.split(",") if t.strip()]

@@ -19,13 +19,14 @@ import jax
 
 from deepinfer.config import ModelConfig
 from deepinfer.default_model import default_model_dir
-from deepinfer.engine.output import ChoiceOutput, take_new
-from deepinfer.engine.sampling_params import SamplingParams
+from deepinfer.engine_config import EngineConfig
 from deepinfer.models.deepseek_v4 import model_spec
 from deepinfer.models.deepseek_v4.loader import load_checkpoint
 from deepinfer.params import init_params
-from deepinfer.runtime.engine import EngineConfig, LLMEngine
-from deepinfer.tokenizer import TextTokenizer
+from deepinfer.runtime.engine import LLMEngine
+from deepinfer.scheduler.sampling_params import SamplingParams
+from deepinfer.text.output import ChoiceOutput, take_new
+from deepinfer.text.tokenizer import TextTokenizer
 
 
 @dataclass

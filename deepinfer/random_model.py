@@ -14,7 +14,13 @@ import os
 import shutil
 import tempfile
 
-from deepinfer.default_model import BOS, EOS, SPECIAL_TOKENS, cache_root, write_tokenizer_files
+from deepinfer.default_model import (
+    BOS,
+    EOS,
+    SPECIAL_TOKENS,
+    cache_root,
+    write_tokenizer_files,
+)
 
 NAME = "deepinfer-tiny-random"
 VERSION = 2  # bump when what is built changes, so stale caches are rebuilt
@@ -32,7 +38,7 @@ def build_tokenizer():
     """Byte-level BPE without merges: ids 0-255 are bytes, 256-259 the special tokens."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 
-    from deepinfer.engine.detokenizer import byte_decoder
+    from deepinfer.text.detokenizer import byte_decoder
 
     alphabet = sorted(pre_tokenizers.ByteLevel.alphabet(), key=byte_decoder().__getitem__)
     tok = Tokenizer(models.BPE(vocab={c: i for i, c in enumerate(alphabet)}, merges=[]))

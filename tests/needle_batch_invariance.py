@@ -27,17 +27,18 @@ import json
 import os
 import sys
 
-import deepinfer  # noqa: F401  (first: configures XLA for the mode)
 import jax
 import numpy as np
 
+import deepinfer  # noqa: F401, I001  (first: configures XLA for the mode)
 from deepinfer import SamplingParams
 from deepinfer.config import CSA, HASH_MOE, HCA, SCORE_MOE, SLIDING, ModelConfig
 from deepinfer.default_model import default_model_dir
+from deepinfer.engine_config import EngineConfig
 from deepinfer.models.deepseek_v4 import model_spec
 from deepinfer.models.deepseek_v4.loader import load_checkpoint
 from deepinfer.params import init_params
-from deepinfer.runtime.engine import EngineConfig, LLMEngine
+from deepinfer.runtime.engine import LLMEngine
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NEEDLE_LEN, MAX_OTHER_PROMPT, MAX_MODEL_LEN = 150, 600, 640

@@ -4,10 +4,11 @@ and shutdown fails what is left instead of hanging."""
 import asyncio
 
 from deepinfer import SamplingParams
-from deepinfer.runtime.engine import EngineConfig, LLMEngine
+from deepinfer.engine_config import EngineConfig
+from deepinfer.runtime.engine import LLMEngine
 from deepinfer.serve.async_engine import AsyncEngine
-from tests.reference import load_case
 from tests.engine_cases import ENGINE_KW, MAX_TOKENS
+from tests.reference import load_case
 from tests.test_step_failure import FaultyEngine
 
 

@@ -11,7 +11,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from deepinfer.models.deepseek_v4.ops import fixed_sum, linear, token_tiled
+from deepinfer.models.deepseek_v4.ops import linear
+from deepinfer.numerics import fixed_sum, token_tiled
 from deepinfer.runtime.batch_invariance import CPU_FLAG, check_xla
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -18,7 +18,7 @@ from deepinfer.default_model import ASSISTANT, BOS, EOS, NAME, USER, default_mod
 from deepinfer.models.deepseek_v4.loader import load_checkpoint
 from deepinfer.models.deepseek_v4.model import forward_with_intermediates
 from deepinfer.models.deepseek_v4.mtp import mtp_forward
-from deepinfer.tokenizer import TextTokenizer
+from deepinfer.text.tokenizer import TextTokenizer
 
 MODEL_DIR = default_model_dir()
 

@@ -3,9 +3,9 @@
 import pytest
 
 from deepinfer.random_model import EOS, build_tokenizer
-from deepinfer.engine.detokenizer import IncrementalDetokenizer
-from deepinfer.engine.output import ChoiceOutput
-from deepinfer.engine.sampling_params import SamplingParams, choice_seed
+from deepinfer.scheduler.sampling_params import SamplingParams, choice_seed
+from deepinfer.text.detokenizer import IncrementalDetokenizer
+from deepinfer.text.output import ChoiceOutput
 
 TEXT = "Grüße, 世界! naïve café 😀 end"
 

@@ -7,9 +7,10 @@ import numpy as np
 import pytest
 
 from deepinfer import LLM, SamplingParams
+from deepinfer.engine_config import EngineConfig
 from deepinfer.models.deepseek_v4 import forward
 from deepinfer.runtime.compile_guard import CompileCounter
-from deepinfer.runtime.engine import EngineConfig, LLMEngine
+from deepinfer.runtime.engine import LLMEngine
 from tests.engine_cases import ENGINE_KW, MAX_TOKENS, alone, drain, workload
 from tests.reference import load_case
 
@@ -101,7 +102,7 @@ def test_engine_rejects_bad_requests_and_keeps_serving():
 
 @pytest.fixture(scope="module")
 def checkpoint_with_tokenizer(tmp_path_factory):
-    from tokenizers import Tokenizer, models, pre_tokenizers, decoders
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 
     case = load_case("mixed")
     path = tmp_path_factory.mktemp("llm_ckpt")

@@ -11,7 +11,12 @@ import torch
 
 from deepinfer.config import ModelConfig
 from deepinfer.models.deepseek_v4 import forward
-from deepinfer.models.deepseek_v4.loader import CheckpointError, load_checkpoint, load_params, save_official
+from deepinfer.models.deepseek_v4.loader import (
+    CheckpointError,
+    load_checkpoint,
+    load_params,
+    save_official,
+)
 from deepinfer.params import flatten_dotted
 from deepinfer.safetensors_io import SafetensorsFile, save_file
 from tests.reference import load_case, reference_logits

@@ -6,9 +6,10 @@ import numpy as np
 import pytest
 
 from deepinfer import SamplingParams
-from deepinfer.runtime.engine import EngineConfig, LLMEngine
-from tests.reference import load_case
+from deepinfer.engine_config import EngineConfig
+from deepinfer.runtime.engine import LLMEngine
 from tests.engine_cases import ENGINE_KW, MAX_TOKENS, alone, drain, workload
+from tests.reference import load_case
 
 STOP_IDS = [10, 41, 63, 51]  # tokens these random weights produce often: stops at varied steps
 

@@ -8,7 +8,8 @@ import pytest
 from scipy import stats
 
 from deepinfer import SamplingParams
-from deepinfer.runtime.engine import EngineConfig, LLMEngine
+from deepinfer.engine_config import EngineConfig
+from deepinfer.runtime.engine import LLMEngine
 from deepinfer.runtime.sampler import apply_logit_bias, apply_penalties, sample
 from tests.engine_cases import ENGINE_KW
 from tests.reference import load_case

@@ -5,9 +5,10 @@ import numpy as np
 import pytest
 
 from deepinfer import SamplingParams
-from deepinfer.runtime.engine import EngineConfig, LLMEngine, StepFailed
-from tests.reference import load_case
+from deepinfer.engine_config import EngineConfig
+from deepinfer.runtime.engine import LLMEngine, StepFailed
 from tests.engine_cases import ENGINE_KW, MAX_TOKENS, drain
+from tests.reference import load_case
 
 
 class FaultyEngine(LLMEngine):

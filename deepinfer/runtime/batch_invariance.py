@@ -1,17 +1,19 @@
 """What batch-invariant mode (DEEPINFER_BATCH_INVARIANT=1) needs from XLA, and the check for it.
 
 Inside the model, the mode (``ModelConfig.batch_invariant``, set by the engine)
-gathers each token's window keys by position into a fixed-size set, keeps one
-MoE formulation for every batch size, computes grouped and per-expert products
-as 2-D matmuls (a batched matmul's kernel varies with the token count), and
-never runs a 1-row matmul (buckets start at 2); every sum a token depends on is
-a fixed-order tree (ops.fixed_sum).
+runs every per-token computation in fixed token tiles (numerics.token_tiled: the
+same shapes whatever the step holds) and gathers each token's window keys by
+position into a fixed-size set; every sum a token depends on is a fixed-order
+tree (numerics.fixed_sum). ARCHITECTURE.md has the phases.
 
-That is not enough on an AVX-512 CPU: with jax 0.10.2, XLA's code for the same
-elementwise expression (e.g. softmax + eps, then a sum) gives different bits for
-a token depending on the array's size once the 512-bit path is taken (measured:
-[1, T, 4, 4] differs between T <= 8 and T >= 16). Capping the ISA at AVX2 makes
-it hold. The flag must be in XLA_FLAGS before JAX starts its CPU backend, so
+Before the tiles, the mode also needed this on an AVX-512 CPU: with jax 0.10.2,
+XLA's code for the same elementwise expression (e.g. softmax + eps, then a sum)
+gave different bits for a token depending on the array's size once the 512-bit
+path was taken (measured: [1, T, 4, 4] differs between T <= 8 and T >= 16), and
+capping the ISA at AVX2 made it hold. With fixed tiles no arithmetic sees the
+array's size, and the needle test also passed uncapped (XLA_FLAGS=
+--xla_cpu_max_isa=AVX512_BF16: bundled model and one drawn config, budgets 13,
+256, 2048); the cap stays until a wider check says it can go. The flag must be in XLA_FLAGS before JAX starts its CPU backend, so
 ``configure_xla()`` is called by ``import deepinfer`` when the environment asks
 for the mode, and by the server's --batch-invariant flag; ``check_xla()`` refuses
 to run the mode on a CPU backend started without it.

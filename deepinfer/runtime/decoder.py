@@ -11,9 +11,13 @@ import jax.numpy as jnp
 import numpy as np
 
 from deepinfer.config import ModelConfig
-from deepinfer.kv.decode_state import StateLayout, check_rollback, init_decode_state, rollback
+from deepinfer.kv.decode_state import (
+    StateLayout,
+    check_rollback,
+    init_decode_state,
+    rollback,
+)
 from deepinfer.models.deepseek_v4.cached_model import extend
-
 
 # Module-level jitted functions so every Decoder of the same config shares compiled programs.
 _extend_jit = jax.jit(extend, static_argnums=(0,), static_argnames=("all_logits",), donate_argnums=(2,))

@@ -19,7 +19,11 @@ import jax.numpy as jnp
 import numpy as np
 
 from deepinfer.config import ModelConfig
-from deepinfer.kv.decode_state import DEFAULT_MAX_BACKTRACK, StateLayout, init_decode_state
+from deepinfer.kv.decode_state import (
+    DEFAULT_MAX_BACKTRACK,
+    StateLayout,
+    init_decode_state,
+)
 from deepinfer.models.deepseek_v4.cached_model import extend
 from deepinfer.runtime.sampler import sample
 

@@ -9,13 +9,23 @@ import jax
 import jax.numpy as jnp
 
 from deepinfer.config import ModelConfig
-from deepinfer.engine.plan import FLOAT_FIELDS_R, INT_FIELDS_R, INT_FIELDS_T, PlanShape
 from deepinfer.kv.paged_state import PagedLayout
 from deepinfer.models.deepseek_v4.model import lm_head, run_layers
-from deepinfer.models.deepseek_v4.ops import per_token
 from deepinfer.models.deepseek_v4.paged_attention import FlatBatch, paged_attention
-from deepinfer.engine.sampling_params import MAX_BIAS_SLOTS, MAX_LOGPROBS
-from deepinfer.runtime.sampler import apply_logit_bias, apply_penalties, sample, token_logprobs
+from deepinfer.numerics import per_token
+from deepinfer.runtime.sampler import (
+    apply_logit_bias,
+    apply_penalties,
+    sample,
+    token_logprobs,
+)
+from deepinfer.scheduler.plan import (
+    FLOAT_FIELDS_R,
+    INT_FIELDS_R,
+    INT_FIELDS_T,
+    PlanShape,
+)
+from deepinfer.scheduler.sampling_params import MAX_BIAS_SLOTS, MAX_LOGPROBS
 
 
 def unpack(shape: PlanShape, pools: tuple[str, ...], ints: jax.Array, floats: jax.Array):

@@ -18,11 +18,11 @@ from __future__ import annotations
 import collections
 import logging
 
-from deepinfer.engine.request import Request
-from deepinfer.engine.scheduler import StepPlan
 from deepinfer.kv.paged_state import init_paged_state
+from deepinfer.scheduler.request import Request
+from deepinfer.scheduler.scheduler import StepPlan
 
-log = logging.getLogger("deepinfer.engine")
+log = logging.getLogger("deepinfer.runtime.engine")
 
 
 def reset(engine) -> None:

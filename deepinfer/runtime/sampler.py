@@ -12,7 +12,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from deepinfer.models.deepseek_v4.ops import fixed_sum
+from deepinfer.numerics import fixed_sum
 
 
 def sampling_noise(seeds: jax.Array, positions: jax.Array, vocab: int, salt: int = 0) -> jax.Array:

@@ -65,14 +65,15 @@ def build_state(args: argparse.Namespace):
 
     from deepinfer.default_model import NAME as DEFAULT_NAME
     from deepinfer.default_model import default_model_dir
+    from deepinfer.engine_config import EngineConfig
     from deepinfer.models.deepseek_v4 import model_spec
     from deepinfer.models.deepseek_v4.loader import load_checkpoint
     from deepinfer.params import count_params
-    from deepinfer.runtime.engine import EngineConfig, LLMEngine
+    from deepinfer.runtime.engine import LLMEngine
     from deepinfer.serve.api import ServerState
     from deepinfer.serve.async_engine import AsyncEngine
     from deepinfer.serve.metrics import ServerMetrics
-    from deepinfer.tokenizer import TextTokenizer
+    from deepinfer.text.tokenizer import TextTokenizer
 
     if args.compile_cache != "off":
         from deepinfer.default_model import cache_root

@@ -35,7 +35,13 @@ from deepinfer.serve.checks import (
     token_ids,
 )
 from deepinfer.serve.errors import APIError, ClientGone, bad_request
-from deepinfer.serve.formatting import TokenText, chat_logprobs, completion_logprobs, prompt_logprobs_listing, usage
+from deepinfer.serve.formatting import (
+    TokenText,
+    chat_logprobs,
+    completion_logprobs,
+    prompt_logprobs_listing,
+    usage,
+)
 from deepinfer.serve.metrics import ServerMetrics
 from deepinfer.serve.protocol import (
     ChatCompletionRequest,
@@ -44,8 +50,15 @@ from deepinfer.serve.protocol import (
     TokenizeRequest,
     check_not_yet,
 )
-from deepinfer.serve.streaming import collect, event_stream, include_usage, sequences, stream_chat, stream_completion
-from deepinfer.tokenizer import ChatTemplateError, TextTokenizer
+from deepinfer.serve.streaming import (
+    collect,
+    event_stream,
+    include_usage,
+    sequences,
+    stream_chat,
+    stream_completion,
+)
+from deepinfer.text.tokenizer import ChatTemplateError, TextTokenizer
 
 log = logging.getLogger("deepinfer.serve")
 ROLES = ("system", "developer", "user", "assistant")

@@ -21,9 +21,9 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from deepinfer.engine.output import TokenLogprobs, take_new
-from deepinfer.engine.sampling_params import SamplingParams
 from deepinfer.runtime.engine import LLMEngine, StepFailed
+from deepinfer.scheduler.sampling_params import SamplingParams
+from deepinfer.text.output import TokenLogprobs, take_new
 
 log = logging.getLogger("deepinfer.serve")
 

@@ -22,7 +22,7 @@ from typing import Any
 from pydantic import BaseModel, ValidationError
 from starlette.requests import ClientDisconnect, Request
 
-from deepinfer.engine.sampling_params import MAX_BIAS_SLOTS, SamplingParams
+from deepinfer.scheduler.sampling_params import MAX_BIAS_SLOTS, SamplingParams
 from deepinfer.serve.errors import APIError, ClientGone, bad_request
 
 MAX_DEPTH = 32  # the deepest request (chat content parts) nests 5 levels

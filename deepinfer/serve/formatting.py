@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import json
 
-from deepinfer.engine.detokenizer import byte_decoder, token_bytes
-from deepinfer.engine.output import TokenLogprobs
+from deepinfer.text.detokenizer import byte_decoder, token_bytes
+from deepinfer.text.output import TokenLogprobs
 
 
 def sse(obj) -> str:

@@ -11,7 +11,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictInt
 
-from deepinfer.engine.sampling_params import SamplingParams
+from deepinfer.scheduler.sampling_params import SamplingParams
 from deepinfer.serve.errors import bad_request
 
 # field -> the value that means "off" (accepted), for fields not implemented yet

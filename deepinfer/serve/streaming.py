@@ -17,10 +17,17 @@ from typing import AsyncIterator
 from fastapi import Request
 from fastapi.responses import StreamingResponse
 
-from deepinfer.engine.output import ChoiceDelta, ChoiceOutput
-from deepinfer.engine.sampling_params import SamplingParams
+from deepinfer.scheduler.sampling_params import SamplingParams
 from deepinfer.serve.errors import APIError, ClientGone
-from deepinfer.serve.formatting import SSE_DONE, chat_logprobs, completion_logprobs, prompt_logprobs_listing, sse, usage
+from deepinfer.serve.formatting import (
+    SSE_DONE,
+    chat_logprobs,
+    completion_logprobs,
+    prompt_logprobs_listing,
+    sse,
+    usage,
+)
+from deepinfer.text.output import ChoiceDelta, ChoiceOutput
 
 log = logging.getLogger("deepinfer.serve")
 

@@ -25,7 +25,7 @@ from deepinfer.config import ModelConfig
 from deepinfer.models.deepseek_v4 import model_spec
 from deepinfer.models.deepseek_v4.loader import load_checkpoint, save_official
 from deepinfer.params import FLOAT32, count_params, flatten_dotted, unflatten_dotted
-from deepinfer.tokenizer import TextTokenizer
+from deepinfer.text.tokenizer import TextTokenizer
 from scripts.tiny_model import data
 from scripts.tiny_model.corpus import build_corpus
 from scripts.tiny_model.model_config import model_config

@@ -14,7 +14,7 @@ import numpy as np
 
 from deepinfer.default_model import BOS, EOS, SPECIAL_TOKENS, write_tokenizer_files
 from deepinfer.params import _stable_hash
-from deepinfer.tokenizer import TextTokenizer
+from deepinfer.text.tokenizer import TextTokenizer
 
 VALIDATION_PERCENT = 3
 # Copies of each document per training epoch, by source (others: 1). The dialogues are

@@ -23,7 +23,10 @@ import optax
 
 from deepinfer.config import SCORE_MOE, ModelConfig
 from deepinfer.models.deepseek_v4 import model_spec
-from deepinfer.models.deepseek_v4.model import default_positions, forward_with_intermediates
+from deepinfer.models.deepseek_v4.model import (
+    default_positions,
+    forward_with_intermediates,
+)
 from deepinfer.models.deepseek_v4.moe import route
 from deepinfer.models.deepseek_v4.mtp import mtp_forward
 from deepinfer.params import flatten_dotted, init_params, unflatten_dotted

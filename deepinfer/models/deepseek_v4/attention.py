@@ -13,8 +13,14 @@ import jax.numpy as jnp
 
 from deepinfer.config import CSA, HCA, SLIDING, ModelConfig
 from deepinfer.models.deepseek_v4 import compressor, indexer
-from deepinfer.models.deepseek_v4.ops import einsum_f32, fixed_sum, linear, rms_norm, unweighted_rms_norm
+from deepinfer.models.deepseek_v4.ops import (
+    einsum_f32,
+    linear,
+    rms_norm,
+    unweighted_rms_norm,
+)
 from deepinfer.models.deepseek_v4.rope import apply_rope, rope_angles
+from deepinfer.numerics import fixed_sum
 
 
 def rope_for(cfg: ModelConfig, layer_type: str):

@@ -9,7 +9,8 @@ import jax
 from deepinfer.config import ModelConfig
 from deepinfer.models.deepseek_v4.hyper_connections import hc_post, hc_pre
 from deepinfer.models.deepseek_v4.moe import moe
-from deepinfer.models.deepseek_v4.ops import per_token_2d, rms_norm
+from deepinfer.models.deepseek_v4.ops import rms_norm
+from deepinfer.numerics import per_token_2d
 
 # normed attention input [B, S, D] -> (output [B, S, D], intermediates)
 AttentionFn = Callable[[jax.Array], tuple[jax.Array, dict]]
@@ -32,7 +33,7 @@ def block(
     "attn.*" — attention internals; "out" — the new streams.
     """
     eps = cfg.rms_norm_eps
-    tiled = cfg.batch_invariant  # per-token work in fixed token tiles (ops.token_tiled)
+    tiled = cfg.batch_invariant  # per-token work in fixed token tiles (numerics.token_tiled)
 
     def attn_input(streams):
         post, comb, collapsed = hc_pre(cfg, p["hc_attn"], streams)

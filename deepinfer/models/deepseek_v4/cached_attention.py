@@ -14,7 +14,12 @@ import jax.numpy as jnp
 from deepinfer.config import CSA, HCA, ModelConfig
 from deepinfer.kv.ring import ring_positions, ring_write
 from deepinfer.models.deepseek_v4 import indexer
-from deepinfer.models.deepseek_v4.attention import attend_with_sink, output_projection, query_and_kv, rope_for
+from deepinfer.models.deepseek_v4.attention import (
+    attend_with_sink,
+    output_projection,
+    query_and_kv,
+    rope_for,
+)
 from deepinfer.models.deepseek_v4.cached_compressor import extend_compressor
 from deepinfer.models.deepseek_v4.compressor import visible_rows
 from deepinfer.models.deepseek_v4.rope import rope_angles

@@ -22,8 +22,9 @@ import jax
 import jax.numpy as jnp
 
 from deepinfer.config import ModelConfig, RopeConfig
-from deepinfer.models.deepseek_v4.ops import fixed_softmax, fixed_sum, linear, rms_norm
+from deepinfer.models.deepseek_v4.ops import linear, rms_norm
 from deepinfer.models.deepseek_v4.rope import apply_rope, rope_angles
+from deepinfer.numerics import fixed_softmax, fixed_sum
 
 
 def pool_windows(

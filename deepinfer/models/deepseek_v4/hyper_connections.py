@@ -13,7 +13,8 @@ import jax
 import jax.numpy as jnp
 
 from deepinfer.config import ModelConfig
-from deepinfer.models.deepseek_v4.ops import fixed_softmax, fixed_sum, unweighted_rms_norm
+from deepinfer.models.deepseek_v4.ops import unweighted_rms_norm
+from deepinfer.numerics import fixed_softmax, fixed_sum
 
 
 def _mix_logits(streams: jax.Array, fn: jax.Array, eps: float) -> jax.Array:

@@ -13,7 +13,8 @@ import jax.numpy as jnp
 from jax import lax
 
 from deepinfer.config import HASH_MOE, ModelConfig
-from deepinfer.models.deepseek_v4.ops import fixed_sum, linear, swiglu
+from deepinfer.models.deepseek_v4.ops import linear, swiglu
+from deepinfer.numerics import fixed_sum
 
 # rows [N, in] x per-expert weights [E, out, in] grouped by expert -> [N, out]
 _GROUPED_DOT = lax.RaggedDotDimensionNumbers(

@@ -20,10 +20,15 @@ from deepinfer.config import CSA, HCA, ModelConfig
 from deepinfer.kv.paged_state import POOL_OF_LAYER
 from deepinfer.kv.ring import ring_positions
 from deepinfer.models.deepseek_v4 import indexer
-from deepinfer.models.deepseek_v4.attention import output_projection, query_and_kv, rope_for, sink_softmax
+from deepinfer.models.deepseek_v4.attention import (
+    output_projection,
+    query_and_kv,
+    rope_for,
+    sink_softmax,
+)
 from deepinfer.models.deepseek_v4.compressor import project, rows_from_positions
-from deepinfer.models.deepseek_v4.ops import per_token
 from deepinfer.models.deepseek_v4.rope import rope_angles
+from deepinfer.numerics import per_token
 
 
 @dataclass(frozen=True)
@@ -128,7 +133,7 @@ def paged_attention(cfg: ModelConfig, p: dict, layer_type: str, st: dict, x: jax
     gathered inputs); per-token scoring, attention and output projection.
 
     Batch-invariant mode runs the per-token phases in fixed token tiles
-    (ops.per_token) and gathers each token's window keys by position into a fixed
+    (numerics.per_token) and gathers each token's window keys by position into a fixed
     [T, window] set, so nothing but exact data movement sees how many tokens the
     step holds. The normal path reads the slot's ring plus the step's keys, shared
     by all its tokens and masked per request.

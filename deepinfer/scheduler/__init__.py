@@ -4,7 +4,7 @@ Nothing in this package imports JAX: it works on Python objects and numpy
 arrays and can be tested with no device (tests/test_scheduler.py checks that).
 """
 
-from deepinfer.engine.request import Request, RequestStatus
-from deepinfer.engine.sampling_params import SamplingParams
+from deepinfer.scheduler.request import Request, RequestStatus
+from deepinfer.scheduler.sampling_params import SamplingParams
 
 __all__ = ["Request", "RequestStatus", "SamplingParams"]

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from deepinfer.engine.detokenizer import IncrementalDetokenizer
-from deepinfer.engine.sampling_params import SamplingParams
+from deepinfer.scheduler.sampling_params import SamplingParams
+from deepinfer.text.detokenizer import IncrementalDetokenizer
 
 # (sampled token's logprob, top ids, top logprobs) per output token
 TokenLogprobs = tuple[float, list[int], list[float]]

@@ -23,8 +23,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from deepinfer.engine.sampling_params import MAX_BIAS_SLOTS
-from deepinfer.engine.scheduler import PoolSpec, StepPlan
+from deepinfer.scheduler.sampling_params import MAX_BIAS_SLOTS
+from deepinfer.scheduler.scheduler import PoolSpec, StepPlan
 
 INT_FIELDS_T = ("tokens", "positions", "token_row", "valid", "next_prompt_token")
 INT_FIELDS_R = ("slot", "length", "n_new", "start", "sample", "seed", "top_k", "logprobs", "prompt_len")

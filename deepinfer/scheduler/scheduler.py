@@ -31,8 +31,8 @@ import collections
 import time
 from dataclasses import dataclass, field
 
-from deepinfer.engine.allocators import OutOfPages, PageAllocator, SlotAllocator
-from deepinfer.engine.request import Request, RequestStatus
+from deepinfer.scheduler.allocators import OutOfPages, PageAllocator, SlotAllocator
+from deepinfer.scheduler.request import Request, RequestStatus
 
 
 @dataclass(frozen=True)

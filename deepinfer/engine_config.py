@@ -1,0 +1,97 @@
+"""EngineConfig (the engine's settings: batch, budget, buckets, memory, modes) and the sizing of
+its KV pools from a memory budget. Read by the engine, LLM() and the server's flags."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+from deepinfer.config import CSA, HCA, ModelConfig
+from deepinfer.kv.paged_state import (
+    PagedLayout,
+    bytes_per_page,
+    bytes_per_slot,
+    pools_of,
+)
+from deepinfer.scheduler.scheduler import PoolSpec
+
+
+def _powers_of_two(lo: int, hi: int) -> tuple[int, ...]:
+    out, b = [], lo
+    while b < hi:
+        out.append(b)
+        b *= 2
+    return tuple(out + [hi])
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    max_num_seqs: int = 16
+    max_num_batched_tokens: int = 256
+    max_model_len: int = 1024
+    page_size: int = 16  # compressed rows per page
+    kv_memory_bytes: int | None = None  # None: room for max_num_seqs requests of max_model_len
+    num_pages: tuple[tuple[str, int], ...] | None = None  # exact pages per pool (overrides the budget)
+    token_buckets: tuple[int, ...] | None = None
+    row_buckets: tuple[int, ...] | None = None
+    max_backtrack: int = 12
+    keep_logits: bool = False  # keep each generated token's logits on the request (tests, debugging)
+    overlap: bool = True  # plan step N+1 while step N runs; off: wait for each step (comparison, debugging)
+    measure_device: bool = False  # time each step on the device from a watcher thread (runtime/step_timer.py)
+    # every token's numbers independent of the rest of the batch (bitwise); env DEEPINFER_BATCH_INVARIANT=1
+    batch_invariant: bool = field(default_factory=lambda: os.environ.get("DEEPINFER_BATCH_INVARIANT") == "1")
+
+    def buckets(self) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        tokens = self.token_buckets or _powers_of_two(min(16, self.max_num_batched_tokens), self.max_num_batched_tokens)
+        rows = self.row_buckets or _powers_of_two(min(4, self.max_num_seqs), self.max_num_seqs)
+        if self.batch_invariant:
+            # XLA CPU computes a 1-row matmul with a different kernel (GEMV) than 2+ rows, so
+            # no shape may have a single row: the smallest buckets become 2.
+            tokens = tuple(sorted({max(b, 2) for b in tokens}))
+            rows = tuple(sorted({max(b, 2) for b in rows}))
+        if tokens[-1] < self.max_num_batched_tokens or rows[-1] < self.max_num_seqs:
+            raise ValueError("the largest buckets must cover max_num_batched_tokens and max_num_seqs")
+        return tokens, rows
+
+
+@dataclass
+class Capacity:
+    num_slots: int
+    pools: tuple[PoolSpec, ...]
+    bytes_total: int
+    tokens: int  # tokens of context the pools can hold in all
+    requests_at_max_len: int
+    notes: list[str] = field(default_factory=list)
+
+
+def size_pools(cfg: ModelConfig, ec: EngineConfig, dtype) -> Capacity:
+    """Pages per pool from the memory budget (or explicit counts)."""
+    names = pools_of(cfg)
+    ratio = {"csa": cfg.compress_ratio(CSA), "hca": cfg.compress_ratio(HCA)}
+    per_req_pages = {n: max(1, -(-(ec.max_model_len // ratio[n]) // ec.page_size)) for n in names}
+    layout_probe = PagedLayout(ec.max_num_seqs, ec.page_size, tuple((n, 1) for n in names), ec.max_backtrack)
+    slot_bytes = bytes_per_slot(cfg, layout_probe, dtype) * ec.max_num_seqs
+    page_bytes = {n: bytes_per_page(cfg, n, ec.page_size, dtype) for n in names}
+    if ec.num_pages is not None:
+        pages = dict(ec.num_pages)
+        missing = set(names) - set(pages)
+        if missing:
+            raise ValueError(f"num_pages lacks pools {sorted(missing)}")
+    else:
+        per_req_bytes = sum(per_req_pages[n] * page_bytes[n] for n in names)
+        budget = ec.kv_memory_bytes
+        if budget is None:
+            budget = slot_bytes + per_req_bytes * ec.max_num_seqs
+        room = budget - slot_bytes
+        n_req = room // per_req_bytes if per_req_bytes else ec.max_num_seqs
+        if names and n_req < 1:
+            raise ValueError(
+                f"kv_memory_bytes={budget} cannot hold the slots ({slot_bytes} B) and one request of "
+                f"max_model_len {ec.max_model_len} ({per_req_bytes} B)"
+            )
+        pages = {n: max(1, int(n_req) * per_req_pages[n]) for n in names}
+    specs = tuple(PoolSpec(n, ratio[n], ec.page_size, pages[n]) for n in names)
+    tokens = min((s.num_pages * s.page_size * s.ratio for s in specs), default=ec.max_num_seqs * ec.max_model_len)
+    per_req = min((s.num_pages // per_req_pages[s.name] for s in specs), default=ec.max_num_seqs)
+    total = slot_bytes + sum(s.num_pages * page_bytes[s.name] for s in specs)
+    return Capacity(ec.max_num_seqs, specs, total, tokens, min(per_req, ec.max_num_seqs))
