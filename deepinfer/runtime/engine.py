@@ -152,7 +152,7 @@ class LLMEngine:
         ints, floats = pack(plan, self.pools, shape, self.layout.num_slots, self._seeds,
                             self.cfg.vocab_size, self.cfg.eos_token_ids)
         with CompileCounter() as counter:
-            tokens, logits, logprobs, self.state = paged_step_jit(
+            out, self.state = paged_step_jit(
                 self.cfg, self.layout, shape, self.params, self.state, jnp.asarray(ints), jnp.asarray(floats)
             )
         self.num_compiles += counter.count
@@ -160,11 +160,13 @@ class LLMEngine:
         wants_lp = any(r.sampling_params.logprobs is not None for r, _ in plan.scheduled)
         wants_plp = any(r.sampling_params.prompt_logprobs is not None for r, _ in plan.scheduled)
         # start the device-to-host copies of what will be read now, not when the host asks
-        for a in (tokens,) + (logprobs[:3] if wants_lp else ()) + (logprobs[3:] if wants_plp else ()):
+        logprobs = out.logprobs if wants_lp else None
+        prompt_logprobs = out.prompt_logprobs if wants_plp else None
+        for a in (out.tokens, *(logprobs or ()), *(prompt_logprobs or ())):
             a.copy_to_host_async()
         if self.step_timer is not None:
-            self.step_timer.dispatched(tokens)
-        return tokens, logits, (logprobs[:3] if wants_lp else None), (logprobs[3:] if wants_plp else None)
+            self.step_timer.dispatched(out.tokens)
+        return out.tokens, out.logits, logprobs, prompt_logprobs
 
     def _process(self, plan: StepPlan, tokens: jax.Array, logits: jax.Array, logprobs, prompt_logprobs) -> list[Request]:
         """Read a step's tokens (waits for that step only) and record them. ``logprobs`` /

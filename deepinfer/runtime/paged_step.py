@@ -5,6 +5,8 @@ One program per (token bucket, row bucket); the state is donated.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import jax
 import jax.numpy as jnp
 
@@ -71,6 +73,16 @@ def update_token_stats(counts, in_prompt, f, fb: FlatBatch, tokens):
     return counts, in_prompt
 
 
+class StepOutput(NamedTuple):
+    """What one step returns besides the new state (R: row bucket, T: token bucket, K: MAX_LOGPROBS).
+    The logprob parts are zeros unless some row (token) asked for them."""
+
+    tokens: jax.Array  # [R] int32: each row's sampled token (padding and mid-prompt rows: ignore)
+    logits: jax.Array  # [R, V] fp32: raw logits at each row's last token
+    logprobs: tuple  # (sampled [R] fp32, top ids [R, K] int32, top logprobs [R, K] fp32)
+    prompt_logprobs: tuple  # the same three per token [T]: of the next prompt token
+
+
 def paged_step(
     cfg: ModelConfig,
     layout: PagedLayout,
@@ -79,10 +91,8 @@ def paged_step(
     state: dict,
     ints: jax.Array,
     floats: jax.Array,
-) -> tuple[jax.Array, jax.Array, tuple, dict]:
-    """Returns (sampled tokens [R], logits [R, V] at each row's last token,
-    (sampled logprob [R], top ids [R, K], top logprobs [R, K], and the same three per token [T] for
-    prompt logprobs), new state).
+) -> tuple[StepOutput, dict]:
+    """Returns the step's outputs and the new state.
 
     Plan tokens of -1 are placeholders for a request's previous sampled token,
     read from ``state["last_token"][slot]``; this step's samples are written there.
@@ -141,7 +151,7 @@ def paged_step(
         "counts": counts,
         "in_prompt": in_prompt,
     }
-    return sampled, logits, logprobs + prompt_lp, new_state
+    return StepOutput(sampled, logits, logprobs, prompt_lp), new_state
 
 
 # One program per static (config, layout, plan shape); the state is updated in place.
