@@ -19,6 +19,7 @@ from __future__ import annotations
 import itertools
 import logging
 import time
+from dataclasses import dataclass, field
 
 import jax
 import jax.numpy as jnp
@@ -41,6 +42,18 @@ from deepinfer.scheduler.sampling_params import MAX_BIAS_SLOTS, SamplingParams
 from deepinfer.scheduler.scheduler import Scheduler, SchedulerConfig, StepPlan
 
 log = logging.getLogger("deepinfer.runtime.engine")
+
+
+@dataclass(frozen=True)
+class EngineStats:
+    """What the engine holds now (for metrics and /debug): one read, no reaching into the scheduler."""
+
+    running: int = 0
+    waiting: int = 0
+    kv_usage: float = 0.0  # fraction of all KV pages held by requests
+    pages_used: dict[str, int] = field(default_factory=dict)  # per pool
+    slots_used: int = 0
+    num_preemptions: int = 0  # since start
 
 
 class StepFailed(RuntimeError):
@@ -133,6 +146,17 @@ class LLMEngine:
         pools = self.scheduler.pools.values()
         total = sum(p.num_pages for p in pools)
         return sum(p.num_pages - p.num_free for p in pools) / total if total else 0.0
+
+    def stats(self) -> EngineStats:
+        sched = self.scheduler
+        return EngineStats(
+            running=len(sched.running),
+            waiting=len(sched.waiting),
+            kv_usage=self.kv_usage(),
+            pages_used={name: p.num_pages - p.num_free for name, p in sched.pools.items()},
+            slots_used=sched.slots.num_slots - sched.slots.num_free,
+            num_preemptions=sched.num_preemptions,
+        )
 
     @property
     def has_unfinished(self) -> bool:

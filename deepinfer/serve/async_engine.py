@@ -19,9 +19,9 @@ import logging
 import queue
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-from deepinfer.runtime.engine import LLMEngine, StepFailed
+from deepinfer.runtime.engine import EngineStats, LLMEngine, StepFailed
 from deepinfer.scheduler.sampling_params import SamplingParams
 from deepinfer.text.output import TokenLogprobs, take_new
 
@@ -52,16 +52,22 @@ class _Stream:
         self.loop.call_soon_threadsafe(self.queue.put_nowait, update)
 
 
-@dataclass
-class Snapshot:
-    """Engine state for metrics and /debug, refreshed by the engine thread."""
+@dataclass(frozen=True)
+class AddRequest:
+    """asyncio side -> engine thread: start a sequence whose updates go to ``stream``."""
 
-    running: int = 0
-    waiting: int = 0
-    kv_usage: float = 0.0
-    pages_used: dict[str, int] = field(default_factory=dict)
-    slots_used: int = 0
-    num_preemptions: int = 0
+    request_id: str
+    prompt_ids: list[int]
+    sampling_params: SamplingParams
+    stream: _Stream
+
+
+@dataclass(frozen=True)
+class AbortRequest:
+    """asyncio side -> engine thread: end a sequence now (client gone, stop string, shutdown)."""
+
+    request_id: str
+    reason: str = "abort"
 
 
 class AsyncEngine:
@@ -73,7 +79,7 @@ class AsyncEngine:
         self._streams: dict[str, _Stream] = {}  # engine thread only
         self._thread: threading.Thread | None = None
         self._stopping = False
-        self.snapshot = Snapshot()
+        self.snapshot = EngineStats()  # the engine's last stats, refreshed by the engine thread
         self._preemptions_seen = 0
         self.in_system = 0  # sequences submitted and not yet finished (asyncio side)
 
@@ -100,7 +106,7 @@ class AsyncEngine:
         loop = asyncio.get_running_loop()
         stream = _Stream(loop, asyncio.Queue())
         self.in_system += 1
-        self._send(("add", request_id, prompt_ids, sp, stream))
+        self._send(AddRequest(request_id, prompt_ids, sp, stream))
         done = False
         try:
             while not done:
@@ -113,9 +119,9 @@ class AsyncEngine:
                 self.abort(request_id)
 
     def abort(self, request_id: str, reason: str = "abort") -> None:
-        self._send(("abort", request_id, reason))
+        self._send(AbortRequest(request_id, reason))
 
-    def _send(self, cmd) -> None:
+    def _send(self, cmd: AddRequest | AbortRequest) -> None:
         self._cmds.put(cmd)
         self._wake.set()
 
@@ -179,19 +185,18 @@ class AsyncEngine:
                 cmd = self._cmds.get_nowait()
             except queue.Empty:
                 return
-            if cmd[0] == "add":
-                _, rid, ids, sp, stream = cmd
+            if isinstance(cmd, AddRequest):
+                stream = cmd.stream
                 try:
-                    stream.req = self.engine.add_request(ids, sp, request_id=rid)
+                    stream.req = self.engine.add_request(cmd.prompt_ids, cmd.sampling_params, request_id=cmd.request_id)
                 except Exception as e:  # the handlers validate first; this is the last line
                     stream.push(Update([], [], None, f"{type(e).__name__}: {e}", time.monotonic()))
                     continue
-                self._streams[rid] = stream
-            elif cmd[0] == "abort":
-                _, rid, reason = cmd
-                stream = self._streams.pop(rid, None)
+                self._streams[cmd.request_id] = stream
+            elif isinstance(cmd, AbortRequest):
+                stream = self._streams.pop(cmd.request_id, None)
                 if stream is not None and stream.req is not None and not stream.req.is_finished:
-                    self.engine.abort(stream.req, reason)
+                    self.engine.abort(stream.req, cmd.reason)
 
     def _finish_stream(self, req, error: str) -> None:
         stream = self._streams.pop(req.request_id, None)
@@ -209,15 +214,7 @@ class AsyncEngine:
         self._streams.clear()
 
     def _refresh(self) -> None:
-        sched = self.engine.scheduler
-        snap = Snapshot(
-            running=len(sched.running),
-            waiting=len(sched.waiting),
-            kv_usage=self.engine.kv_usage(),
-            pages_used={name: p.num_pages - p.num_free for name, p in sched.pools.items()},
-            slots_used=sched.slots.num_slots - sched.slots.num_free,
-            num_preemptions=sched.num_preemptions,
-        )
+        snap = self.engine.stats()
         m = self.metrics
         if m is not None:
             m.num_requests_running.set(snap.running)
