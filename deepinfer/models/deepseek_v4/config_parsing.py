@@ -213,6 +213,14 @@ def _parse_compress_rates(raw: Mapping[str, Any]) -> tuple[int, int]:
     return csa, hca
 
 
+def _check_type_list(value: Any, key: str, allowed: tuple[str, ...]) -> None:
+    if not isinstance(value, (list, tuple)):
+        raise ConfigError(key, f"must be a list of strings, got {value!r}")
+    bad = [t for t in value if t not in allowed]
+    if bad:
+        raise ConfigError(key, f"entries must be one of {allowed}; got {bad}")
+
+
 def _parse_layer_types(
     raw: Mapping[str, Any], n_layers: int, n_mtp: int, csa_ratio: int, hca_ratio: int
 ) -> tuple[tuple[str, ...], tuple[str, ...]]:
@@ -238,11 +246,7 @@ def _parse_layer_types(
             )
         from_ratios = tuple(by_ratio[r] for r in ratios)
     if explicit is not None:
-        if not isinstance(explicit, (list, tuple)):
-            raise ConfigError("layer_types", f"must be a list of strings, got {explicit!r}")
-        bad = [t for t in explicit if t not in ATTENTION_TYPES]
-        if bad:
-            raise ConfigError("layer_types", f"entries must be one of {ATTENTION_TYPES}; got {bad}")
+        _check_type_list(explicit, "layer_types", ATTENTION_TYPES)
         if len(explicit) not in (n_layers, n_layers + n_mtp):
             raise ConfigError(
                 "layer_types", f"has {len(explicit)} entries but num_hidden_layers is {n_layers}"
@@ -264,11 +268,7 @@ def _parse_mlp_layer_types(raw: Mapping[str, Any], n_layers: int) -> tuple[str, 
     explicit = raw.get("mlp_layer_types")
     n_hash = raw.get("num_hash_layers")
     if explicit is not None:
-        if not isinstance(explicit, (list, tuple)):
-            raise ConfigError("mlp_layer_types", f"must be a list of strings, got {explicit!r}")
-        bad = [t for t in explicit if t not in MLP_TYPES]
-        if bad:
-            raise ConfigError("mlp_layer_types", f"entries must be one of {MLP_TYPES}; got {bad}")
+        _check_type_list(explicit, "mlp_layer_types", MLP_TYPES)
         if len(explicit) != n_layers:
             raise ConfigError(
                 "mlp_layer_types", f"has {len(explicit)} entries but num_hidden_layers is {n_layers}"
