@@ -31,7 +31,7 @@ class DrainingServer(uvicorn.Server):
         self.shutdown_timeout = shutdown_timeout
 
     async def shutdown(self, sockets=None) -> None:
-        state, engine = self.deepinfer, self.deepinfer.scheduler
+        state, engine = self.deepinfer, self.deepinfer.engine
         state.draining = True
         deadline = time.monotonic() + self.shutdown_timeout
         if engine.in_system:
