@@ -56,7 +56,7 @@ def post(server, path, body=None, *, raw=None, key=KEY, headers=None):
 
 
 def debug(server):
-    return httpx.get(server.base + "/debug/engine", headers={"Authorization": f"Bearer {KEY}"}).json()
+    return server.debug(KEY)
 
 
 def metrics(server) -> dict[str, float]:
@@ -71,13 +71,7 @@ def metrics(server) -> dict[str, float]:
 
 
 def wait_idle(server, timeout=30):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        d = debug(server)
-        if d["running"] == 0 and d["waiting"] == 0 and d["sequences_in_flight"] == 0:
-            return d
-        time.sleep(0.1)
-    raise AssertionError(f"server not idle: {debug(server)}")
+    return server.wait_idle(KEY, timeout)
 
 
 # -- happy paths ---------------------------------------------------------------------

@@ -45,17 +45,11 @@ def post(server, path, body=None, raw=None, key=KEY):
 
 
 def debug(server):
-    return httpx.get(server.base + "/debug/engine", headers={"Authorization": f"Bearer {KEY}"}).json()
+    return server.debug(KEY)
 
 
 def wait_idle(server, timeout=60):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        d = debug(server)
-        if d["sequences_in_flight"] == 0 and d["running"] == 0 and d["waiting"] == 0:
-            return d
-        time.sleep(0.05)
-    raise AssertionError(f"server not idle: {debug(server)}")
+    return server.wait_idle(KEY, timeout)
 
 
 def assert_openai_error(r, status=None):
