@@ -44,11 +44,6 @@ class EngineConfig:
     def buckets(self) -> tuple[tuple[int, ...], tuple[int, ...]]:
         tokens = self.token_buckets or _powers_of_two(min(16, self.max_num_batched_tokens), self.max_num_batched_tokens)
         rows = self.row_buckets or _powers_of_two(min(4, self.max_num_seqs), self.max_num_seqs)
-        if self.batch_invariant:
-            # XLA CPU computes a 1-row matmul with a different kernel (GEMV) than 2+ rows, so
-            # no shape may have a single row: the smallest buckets become 2.
-            tokens = tuple(sorted({max(b, 2) for b in tokens}))
-            rows = tuple(sorted({max(b, 2) for b in rows}))
         if tokens[-1] < self.max_num_batched_tokens or rows[-1] < self.max_num_seqs:
             raise ValueError("the largest buckets must cover max_num_batched_tokens and max_num_seqs")
         return tokens, rows
