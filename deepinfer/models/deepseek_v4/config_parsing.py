@@ -264,6 +264,11 @@ def _parse_layer_types(
     return main, tuple(mtp)
 
 
+def _hash_then_score(n_hash: int, n_layers: int) -> tuple[str, ...]:
+    """The official layout: the first num_hash_layers layers hash-routed, the rest score-routed."""
+    return tuple([HASH_MOE] * min(n_hash, n_layers) + [SCORE_MOE] * max(0, n_layers - n_hash))
+
+
 def _parse_mlp_layer_types(raw: Mapping[str, Any], n_layers: int) -> tuple[str, ...]:
     explicit = raw.get("mlp_layer_types")
     n_hash = raw.get("num_hash_layers")
@@ -274,13 +279,13 @@ def _parse_mlp_layer_types(raw: Mapping[str, Any], n_layers: int) -> tuple[str, 
                 "mlp_layer_types", f"has {len(explicit)} entries but num_hidden_layers is {n_layers}"
             )
         types = tuple(explicit)
-        if n_hash is not None and types != tuple([HASH_MOE] * min(n_hash, n_layers) + [SCORE_MOE] * max(0, n_layers - n_hash)):
+        if n_hash is not None and types != _hash_then_score(n_hash, n_layers):
             raise ConfigError("num_hash_layers", f"= {n_hash} disagrees with mlp_layer_types")
         return types
     if n_hash is None:
         n_hash = _DEFAULT_NUM_HASH_LAYERS
     n_hash = _non_negative_int(n_hash, "num_hash_layers")
-    return tuple([HASH_MOE] * min(n_hash, n_layers) + [SCORE_MOE] * max(0, n_layers - n_hash))
+    return _hash_then_score(n_hash, n_layers)
 
 
 def _parse_rope_dim(raw: Mapping[str, Any], head_dim: int) -> int:
