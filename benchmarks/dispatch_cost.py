@@ -53,7 +53,7 @@ def step_cost(cfg, params, b: int) -> dict:
                                                     cfg.vocab_size, cfg.eos_token_ids))
 
     def loop(params, state, k):
-        body = lambda i, st: paged_step(cfg, e.layout, shape, params, st, ints, floats)[1]  # noqa: E731
+        body = lambda i, st: paged_step(e.family, cfg, e.layout, shape, params, st, ints, floats)[1]  # noqa: E731
         return jax.lax.fori_loop(0, k, body, state)
 
     looped = jax.jit(loop, static_argnums=2)
@@ -64,12 +64,12 @@ def step_cost(cfg, params, b: int) -> dict:
     t4 = min(timeit.repeat(lambda: jax.block_until_ready(looped(params, state, 4)), number=1, repeat=3))
     st = e.state
     for _ in range(2):
-        out = paged_step_jit(cfg, e.layout, shape, params, st, ints, floats)
+        out = paged_step_jit(e.family, cfg, e.layout, shape, params, st, ints, floats)
         st = out[1]
         jax.block_until_ready(out)
     t = time.perf_counter()
     for _ in range(4):
-        out = paged_step_jit(cfg, e.layout, shape, params, st, ints, floats)
+        out = paged_step_jit(e.family, cfg, e.layout, shape, params, st, ints, floats)
         st = out[1]
         jax.block_until_ready(out)
     per_call = (time.perf_counter() - t) / 4

@@ -6,13 +6,9 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
-from deepinfer.config import CSA, HCA, ModelConfig
-from deepinfer.kv.paged_state import (
-    PagedLayout,
-    bytes_per_page,
-    bytes_per_slot,
-    pools_of,
-)
+from deepinfer.config import ModelConfig
+from deepinfer.kv.paged_state import bytes_per_page, bytes_per_slot
+from deepinfer.models.interface import ModelFamily, PagedLayout
 from deepinfer.scheduler.scheduler import PoolSpec
 
 
@@ -59,14 +55,14 @@ class Capacity:
     notes: list[str] = field(default_factory=list)
 
 
-def size_pools(cfg: ModelConfig, ec: EngineConfig, dtype) -> Capacity:
-    """Pages per pool from the memory budget (or explicit counts)."""
-    names = pools_of(cfg)
-    ratio = {"csa": cfg.compress_ratio(CSA), "hca": cfg.compress_ratio(HCA)}
+def size_pools(family: ModelFamily, cfg: ModelConfig, ec: EngineConfig, dtype) -> Capacity:
+    """Pages per pool from the memory budget (or explicit counts); byte costs measured on the family's state."""
+    ratio = {p.name: p.tokens_per_row for p in family.pools(cfg)}
+    names = tuple(ratio)
     per_req_pages = {n: max(1, -(-(ec.max_model_len // ratio[n]) // ec.page_size)) for n in names}
     layout_probe = PagedLayout(ec.max_num_seqs, ec.page_size, tuple((n, 1) for n in names), ec.max_backtrack)
-    slot_bytes = bytes_per_slot(cfg, layout_probe, dtype) * ec.max_num_seqs
-    page_bytes = {n: bytes_per_page(cfg, n, ec.page_size, dtype) for n in names}
+    slot_bytes = bytes_per_slot(family, cfg, layout_probe, dtype) * ec.max_num_seqs
+    page_bytes = {n: bytes_per_page(family, cfg, layout_probe, n, dtype) for n in names}
     if ec.num_pages is not None:
         pages = dict(ec.num_pages)
         missing = set(names) - set(pages)

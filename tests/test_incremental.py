@@ -1,12 +1,14 @@
-"""Incremental decoding: prefill + decode equal the whole-sequence forward; chunking; rollback."""
+"""Incremental decoding: prefill + decode equal the whole-sequence forward; chunking; rollback.
+
+Decoder runs the engine's state and paged forward (the one incremental path), so these
+check the engine's step too."""
 
 import jax
 import numpy as np
 import pytest
 
-from deepinfer.kv.decode_state import StateLayout
 from deepinfer.models.deepseek_v4 import forward
-from deepinfer.runtime.decoder import Decoder
+from deepinfer.runtime.decoder import Decoder, StateLayout
 from tests.reference import TINY_CONFIGS, load_case
 
 TOLERANCE = 1e-4  # as for the whole-sequence forward: max|Δ| <= TOLERANCE * max|logit|
@@ -43,7 +45,7 @@ def test_prefill_then_decode_equals_full_forward(name):
         logits, state = dec.decode_step(case.params, state, toks)
         for b in range(2):
             got[b].append(np.asarray(logits[b])[None])
-    assert np.asarray(state["lengths"]).tolist() == (prompt_lens + n_decode).tolist()
+    assert np.asarray(state.lengths).tolist() == (prompt_lens + n_decode).tolist()
     for b in range(2):
         length = prompt_lens[b] + n_decode
         ours = np.concatenate(got[b])[: length - 1]
@@ -102,7 +104,7 @@ def test_rollback_then_decode_equals_direct_decode(name):
         wrong = (follow[:k] + 1 + rng.integers(0, cfg.vocab_size - 1, k)) % cfg.vocab_size
         _, state = _decode_all(dec, case.params, state, wrong)
         state = dec.rollback(state, k)
-        assert int(state["lengths"][0]) == prompt.shape[1]
+        assert int(state.lengths[0]) == prompt.shape[1]
         again, _ = _decode_all(dec, case.params, state, follow)
         assert _close(again, direct), (k, np.max(np.abs(again - direct)))
 
@@ -134,7 +136,7 @@ def test_rollback_beyond_the_kept_rows_is_refused():
     with pytest.raises(ValueError, match="cannot roll back"):
         dec.rollback(state, [11, 0])
     state = dec.rollback(state, [4, 1])
-    assert np.asarray(state["lengths"]).tolist() == [6, 9]
+    assert np.asarray(state.lengths).tolist() == [6, 9]
     # 2 more on sequence 0 would be 6 behind its furthest position (10)
     with pytest.raises(ValueError, match="sequence 0"):
         dec.rollback(state, [2, 0])

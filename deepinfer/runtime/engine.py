@@ -27,10 +27,9 @@ import numpy as np
 
 from deepinfer.config import ModelConfig
 from deepinfer.engine_config import EngineConfig, size_pools
-from deepinfer.kv.paged_state import (
-    PagedLayout,
-    init_paged_state,
-)
+from deepinfer.kv.paged_state import init_engine_state
+from deepinfer.models.interface import ModelFamily, PagedLayout
+from deepinfer.models.registry import family_for
 from deepinfer.runtime import recovery
 from deepinfer.runtime.batch_invariance import check_xla
 from deepinfer.runtime.compile_guard import CompileCounter
@@ -65,15 +64,18 @@ class StepFailed(RuntimeError):
 
 
 class LLMEngine:
-    def __init__(self, cfg: ModelConfig, params: dict, config: EngineConfig | None = None):
+    def __init__(self, cfg: ModelConfig, params: dict, config: EngineConfig | None = None,
+                 family: ModelFamily | None = None):
+        """``family``: the model implementation (models/interface.py); by default the registry's for cfg."""
         config = config or EngineConfig()
         if config.batch_invariant:
             check_xla(jax.default_backend())
         if config.batch_invariant != cfg.batch_invariant:
             cfg = cfg.replace(batch_invariant=config.batch_invariant)
         self.cfg, self.params, self.config = cfg, params, config
+        self.family = family or family_for(cfg)
         self.dtype = jnp.dtype(params["embed"].dtype)
-        self.capacity = size_pools(cfg, config, self.dtype)
+        self.capacity = size_pools(self.family, cfg, config, self.dtype)
         self.pools = self.capacity.pools
         self.layout = PagedLayout(
             config.max_num_seqs, config.page_size, tuple((p.name, p.num_pages) for p in self.pools), config.max_backtrack
@@ -90,7 +92,7 @@ class LLMEngine:
         )
         self.token_buckets, self.row_buckets = config.buckets()
         self.max_pages = tuple(-(-(config.max_model_len // p.ratio) // p.page_size) for p in self.pools)
-        self.state = init_paged_state(cfg, self.layout, self.dtype)
+        self.state = init_engine_state(self.family, cfg, self.layout, self.dtype)
         self.compiled_shapes: set[PlanShape] = set()
         self.num_compiles = 0
         self._seeds: dict[str, int] = {}
@@ -177,7 +179,7 @@ class LLMEngine:
                             self.cfg.vocab_size, self.cfg.eos_token_ids)
         with CompileCounter() as counter:
             out, self.state = paged_step_jit(
-                self.cfg, self.layout, shape, self.params, self.state, jnp.asarray(ints), jnp.asarray(floats)
+                self.family, self.cfg, self.layout, shape, self.params, self.state, jnp.asarray(ints), jnp.asarray(floats)
             )
         self.num_compiles += counter.count
         self.compiled_shapes.add(shape)

@@ -1,7 +1,9 @@
 """A fully jitted generation loop for a static batch: prefill, then ``lax.while_loop`` on device.
 
-This is the "fused on-device loop": no host round trip per token. Engine
-benchmarks compare against it.
+This is the "fused on-device loop": no host round trip per token. It runs the engine's
+own state and step (runtime/paged_step.run_step) with an on-device trivial schedule
+(sequence b is slot b, with fixed pages: trivial_schedule.py), so engine benchmarks
+against it measure the host loop alone.
 
     out = deepinfer.generate(cfg, params, prompts, prompt_lens, max_new_tokens=32,
                              temperature=0.8, top_p=0.9, seeds=[1, 2])
@@ -19,13 +21,21 @@ import jax.numpy as jnp
 import numpy as np
 
 from deepinfer.config import ModelConfig
-from deepinfer.kv.decode_state import (
+from deepinfer.kv.paged_state import init_engine_state
+from deepinfer.models.interface import ModelFamily
+from deepinfer.models.registry import family_for
+from deepinfer.runtime.paged_step import run_step
+from deepinfer.runtime.trivial_schedule import (
     DEFAULT_MAX_BACKTRACK,
+    SamplingArrays,
     StateLayout,
-    init_decode_state,
+    block_tables,
+    chunk_inputs,
 )
-from deepinfer.models.deepseek_v4.cached_model import extend
-from deepinfer.runtime.sampler import sample
+
+# Prefill runs in chunks of at most this many tokens across the batch (the step's
+# attention is quadratic in its token count), each chunk one engine step.
+PREFILL_TOKENS = 2048
 
 
 class GenerateOutput(NamedTuple):
@@ -34,17 +44,8 @@ class GenerateOutput(NamedTuple):
     stopped_on_eos: jax.Array  # [B] bool
 
 
-class SamplingArrays(NamedTuple):
-    """Per-sequence sampling settings as device arrays [B]."""
-
-    temperature: jax.Array  # <= 0: greedy
-    top_k: jax.Array  # <= 0: off
-    top_p: jax.Array  # >= 1: off
-    seeds: jax.Array
-    max_tokens: jax.Array  # per-sequence cap, <= max_new_tokens
-
-
 def _generate(
+    family: ModelFamily,
     cfg: ModelConfig,
     layout: StateLayout,
     max_new_tokens: int,
@@ -55,44 +56,62 @@ def _generate(
     sp: SamplingArrays,
     eos: jax.Array,
 ) -> GenerateOutput:
-    b = prompts.shape[0]
-    state = init_decode_state(cfg, layout, dtype)
-    logits, state = extend(cfg, params, state, prompts, prompt_lens, all_logits=False)
+    b, s = prompts.shape
+    paged = layout.paged(family, cfg)
+    tables = block_tables(family, cfg, layout)
+    state = init_engine_state(family, cfg, paged, dtype)
 
-    def pick(logits, state):
-        # the new token sits at position `lengths` (after everything committed so far)
-        return sample(logits, state["lengths"], sp.seeds, sp.temperature, sp.top_k, sp.top_p)
+    def step(state, tokens, lengths, n_valid, sample):
+        tok, rows = chunk_inputs(tokens, lengths, n_valid, prompt_lens, cfg.vocab_size, sp, sample)
+        out, state = run_step(family, cfg, paged, params, state, tok, rows, tables)
+        return out.tokens, state
 
-    first = pick(logits, state)
+    # prefill: chunks of the prompts, each an engine step; a row samples its first token in the
+    # chunk holding its last prompt token (at position prompt_len, as the engine does)
+    chunk = s if b * s <= PREFILL_TOKENS else max(1, PREFILL_TOKENS // b)
+    n_chunks = -(-s // chunk)
+    padded = jnp.zeros((b, n_chunks * chunk), jnp.int32).at[:, :s].set(prompts)
+
+    def prefill_chunk(i, carry):
+        state, first = carry
+        at = i * chunk
+        n_valid = jnp.clip(prompt_lens - at, 0, chunk)
+        ends = n_valid > 0
+        ends = ends & (at + n_valid == prompt_lens)
+        pieces = jax.lax.dynamic_slice_in_dim(padded, at, chunk, axis=1)
+        tok, state = step(state, pieces, jnp.minimum(at, prompt_lens), n_valid, ends)
+        return state, jnp.where(ends, tok, first)
+
+    state, first = jax.lax.fori_loop(0, n_chunks, prefill_chunk, (state, jnp.zeros((b,), jnp.int32)))
     out = jnp.full((b, max_new_tokens), -1, jnp.int32).at[:, 0].set(first)
     hit_eos = jnp.isin(first, eos)
     done = hit_eos | (sp.max_tokens <= 1)
     count = jnp.ones((b,), jnp.int32)
 
     def cond(carry):
-        step, _, _, _, done, _, _ = carry
-        return (step < max_new_tokens) & ~jnp.all(done)
+        step_i, _, _, _, done, _, _ = carry
+        return (step_i < max_new_tokens) & ~jnp.all(done)
 
     def body(carry):
-        step, state, out, last, done, count, hit_eos = carry
-        active = (~done).astype(jnp.int32)
-        logits, state = extend(cfg, params, state, last[:, None], active, all_logits=False)
-        tok = pick(logits, state)
+        step_i, state, out, last, done, count, hit_eos = carry
+        active = ~done
+        # the token fed now sits at position prompt_len + count - 1 (the count-th output)
+        tok, state = step(state, last[:, None], prompt_lens + count - 1, active.astype(jnp.int32), active)
         tok = jnp.where(done, -1, tok)
-        out = out.at[:, step].set(tok)
-        count = count + active
+        out = out.at[:, step_i].set(tok)
+        count = count + active.astype(jnp.int32)
         new_eos = ~done & jnp.isin(tok, eos)
         hit_eos = hit_eos | new_eos
         done = done | new_eos | (count >= sp.max_tokens)
-        return step + 1, state, out, jnp.where(tok >= 0, tok, last), done, count, hit_eos
+        return step_i + 1, state, out, jnp.where(tok >= 0, tok, last), done, count, hit_eos
 
     carry = (jnp.int32(1), state, out, first, done, count, hit_eos)
     _, _, out, _, _, count, hit_eos = jax.lax.while_loop(cond, body, carry)
     return GenerateOutput(out, count, hit_eos)
 
 
-# One compiled program per static setup (config, layout, length, dtype).
-_generate_jit = jax.jit(_generate, static_argnums=(0, 1, 2, 3))
+# One compiled program per static setup (family, config, layout, length, dtype).
+_generate_jit = jax.jit(_generate, static_argnums=(0, 1, 2, 3, 4))
 MAX_EOS_IDS = 8  # eos ids travel as a fixed-size array (-2 = unused) so new ids do not recompile
 
 
@@ -120,6 +139,7 @@ def generate(
     eos_token_ids: Sequence[int] | None = None,
     max_len: int | None = None,
     max_backtrack: int = DEFAULT_MAX_BACKTRACK,
+    family: ModelFamily | None = None,
 ) -> GenerateOutput:
     """Generate up to ``max_new_tokens`` tokens for each prompt, fully on device.
 
@@ -163,4 +183,6 @@ def generate(
     eos = jnp.asarray(eos_list + [-2] * (MAX_EOS_IDS - len(eos_list)), jnp.int32)
     layout = StateLayout(batch=b, max_len=max_len, max_backtrack=max_backtrack)
     dtype = jnp.dtype(params["embed"].dtype)
-    return _generate_jit(cfg, layout, max_new_tokens, dtype, params, jnp.asarray(arr), jnp.asarray(lens), sp, eos)
+    family = family or family_for(cfg)
+    return _generate_jit(family, cfg, layout, max_new_tokens, dtype, params, jnp.asarray(arr), jnp.asarray(lens),
+                         sp, eos)

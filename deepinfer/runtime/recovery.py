@@ -18,7 +18,7 @@ from __future__ import annotations
 import collections
 import logging
 
-from deepinfer.kv.paged_state import init_paged_state
+from deepinfer.kv.paged_state import init_engine_state
 from deepinfer.scheduler.request import Request
 from deepinfer.scheduler.scheduler import StepPlan
 
@@ -35,7 +35,7 @@ def reset(engine) -> None:
         sched.preempt(req)
     for req in sched.waiting:
         del req.output_token_ids[req.num_resolved :]
-    engine.state = init_paged_state(engine.cfg, engine.layout, engine.dtype)
+    engine.state = init_engine_state(engine.family, engine.cfg, engine.layout, engine.dtype)
 
 
 def probe(engine, group: list[Request]) -> Exception | None:

@@ -5,20 +5,17 @@ to a request row; its keys are (1) the window ring of its request's slot as it
 was before the step, (2) the step's own tokens of the same request, (3) the
 compressed rows of its request, gathered through the block table after this
 step's new rows are written. Masks come from absolute positions, exactly as in
-the contiguous path (cached_attention.py).
+the whole-sequence attention (attention.py).
 """
 
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
 
 import jax
 import jax.numpy as jnp
 
 from deepinfer.config import CSA, HCA, ModelConfig
-from deepinfer.kv.paged_state import POOL_OF_LAYER
-from deepinfer.kv.ring import ring_positions
 from deepinfer.models.deepseek_v4 import indexer
 from deepinfer.models.deepseek_v4.attention import (
     output_projection,
@@ -28,21 +25,18 @@ from deepinfer.models.deepseek_v4.attention import (
 )
 from deepinfer.models.deepseek_v4.compressor import project, rows_from_positions
 from deepinfer.models.deepseek_v4.rope import rope_angles
+from deepinfer.models.deepseek_v4.state import POOL_OF_LAYER
+from deepinfer.models.interface import FlatBatch
 from deepinfer.numerics import per_token
 
 
-@dataclass(frozen=True)
-class FlatBatch:
-    """Per-token views of a packed step (all [T]); tables: pool -> per-token block table [T, max_pages]."""
-
-    positions: jax.Array
-    valid: jax.Array
-    row: jax.Array
-    slot: jax.Array
-    length: jax.Array  # the request's computed length before the step
-    start: jax.Array  # flat index of the request's first token in the step
-    end: jax.Array  # length + n_new of the request
-    tables: dict
+def ring_positions(lengths: jax.Array, size: int) -> jax.Array:
+    """[B] committed lengths -> [B, size] the position each ring index holds (the latest
+    p < length with p % size == index), or -1 when the index was never filled."""
+    idx = jnp.arange(size)
+    last = lengths[:, None] - 1
+    pos = last - jnp.mod(last - idx[None, :], size)
+    return jnp.where(pos >= 0, pos, -1)
 
 
 def _take_slots(arr: jax.Array, slots: jax.Array) -> jax.Array:

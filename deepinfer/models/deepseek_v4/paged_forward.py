@@ -1,0 +1,35 @@
+"""V4's incremental forward over a flat token batch: the engine step's model part.
+
+The same decoder blocks as the whole-sequence forward (model.run_layers), with each
+layer's attention reading and writing the engine state (paged_attention.py).
+"""
+
+from __future__ import annotations
+
+import jax
+
+from deepinfer.config import ModelConfig
+from deepinfer.models.deepseek_v4.model import lm_head, run_layers
+from deepinfer.models.deepseek_v4.paged_attention import paged_attention
+from deepinfer.models.interface import FlatBatch
+
+
+def paged_forward(
+    cfg: ModelConfig, params: dict, state: list[dict], tokens: jax.Array, fb: FlatBatch, page_size: int
+) -> tuple[jax.Array, list[dict]]:
+    """tokens [T] -> (pre-head streams [T, hc, D], new per-layer state)."""
+
+    def attention_for(i, layer_type, p):
+        def fn(x):  # the flat batch is one row of T tokens
+            y, new_st = paged_attention(cfg, p, layer_type, state[i], x[0], fb, page_size)
+            return y[None], {"state": new_st}
+
+        return fn
+
+    streams, layers_aux = run_layers(cfg, params, tokens[None], attention_for)
+    return streams[0], [aux["attn.state"] for aux in layers_aux]
+
+
+def logits(cfg: ModelConfig, params: dict, streams: jax.Array) -> jax.Array:
+    """Pre-head streams [..., hc, D] -> logits [..., V] fp32 (hc head, norm, lm head)."""
+    return lm_head(cfg, params, params["hc_head"], params["norm"], streams)
