@@ -10,6 +10,7 @@ from deepinfer.config import ModelConfig
 from deepinfer.kv.paged_state import bytes_per_page, bytes_per_slot
 from deepinfer.models.interface import ModelFamily, PagedLayout
 from deepinfer.scheduler.scheduler import PoolSpec
+from deepinfer.scheduler.speculation import MAX_DRAFT_TOKENS
 
 
 def _powers_of_two(lo: int, hi: int) -> tuple[int, ...]:
@@ -36,6 +37,38 @@ class EngineConfig:
     measure_device: bool = False  # time each step on the device from a watcher thread (runtime/step_timer.py)
     # every token's numbers independent of the rest of the batch (bitwise); env DEEPINFER_BATCH_INVARIANT=1
     batch_invariant: bool = field(default_factory=lambda: os.environ.get("DEEPINFER_BATCH_INVARIANT") == "1")
+    # speculative decoding, vLLM's shape: {"method": "mtp", "num_speculative_tokens": k}, 1 <= k <= 5;
+    # env DEEPINFER_USE_NEXTN_DECODE=k turns it on with k drafts when this is None
+    speculative_config: dict | None = None
+
+    def __post_init__(self):
+        self.num_speculative_tokens()  # refuse bad values at construction, naming them
+
+    def num_speculative_tokens(self) -> int:
+        """Drafts per decode row (0: speculation off)."""
+        spec = self.speculative_config
+        if spec is None:
+            env = os.environ.get("DEEPINFER_USE_NEXTN_DECODE")
+            if env is None or env == "":
+                return 0
+            if not env.isdigit() or not 1 <= int(env) <= MAX_DRAFT_TOKENS:
+                raise ValueError(f"DEEPINFER_USE_NEXTN_DECODE must be an integer in [1, {MAX_DRAFT_TOKENS}], got {env!r}")
+            return int(env)
+        if not isinstance(spec, dict):
+            raise ValueError(f"speculative_config must be a dict like {{'method': 'mtp', 'num_speculative_tokens': 3}}, "
+                             f"got {spec!r}")
+        unknown = set(spec) - {"method", "num_speculative_tokens"}
+        if unknown:
+            raise ValueError(f"speculative_config: unknown keys {sorted(unknown)} (known: method, num_speculative_tokens)")
+        if spec.get("method", "mtp") != "mtp":
+            raise ValueError(f"speculative_config: method must be 'mtp' (the model's own MTP block), got {spec['method']!r}")
+        k = spec.get("num_speculative_tokens")
+        if not isinstance(k, int) or isinstance(k, bool) or not 1 <= k <= MAX_DRAFT_TOKENS:
+            raise ValueError(f"speculative_config: num_speculative_tokens must be an integer in [1, {MAX_DRAFT_TOKENS}], "
+                             f"got {k!r}")
+        if k > self.max_backtrack:
+            raise ValueError(f"speculative_config: num_speculative_tokens {k} exceeds max_backtrack {self.max_backtrack}")
+        return k
 
     def buckets(self) -> tuple[tuple[int, ...], tuple[int, ...]]:
         tokens = self.token_buckets or _powers_of_two(min(16, self.max_num_batched_tokens), self.max_num_batched_tokens)
@@ -60,7 +93,8 @@ def size_pools(family: ModelFamily, cfg: ModelConfig, ec: EngineConfig, dtype) -
     ratio = {p.name: p.tokens_per_row for p in family.pools(cfg)}
     names = tuple(ratio)
     per_req_pages = {n: max(1, -(-(ec.max_model_len // ratio[n]) // ec.page_size)) for n in names}
-    layout_probe = PagedLayout(ec.max_num_seqs, ec.page_size, tuple((n, 1) for n in names), ec.max_backtrack)
+    layout_probe = PagedLayout(ec.max_num_seqs, ec.page_size, tuple((n, 1) for n in names), ec.max_backtrack,
+                               draft=ec.num_speculative_tokens() > 0)
     slot_bytes = bytes_per_slot(family, cfg, layout_probe, dtype) * ec.max_num_seqs
     page_bytes = {n: bytes_per_page(family, cfg, layout_probe, n, dtype) for n in names}
     if ec.num_pages is not None:

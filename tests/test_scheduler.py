@@ -215,12 +215,14 @@ def test_pack_layout():
     assert tokens[:7].tolist() == [7, 2, 3, 4, 5, 6, 7] and valid.tolist() == [1] * 7 + [0] * 9
     assert positions[:7].tolist() == [5, 0, 1, 2, 3, 4, 5] and token_row[:7].tolist() == [0, 1, 1, 1, 1, 1, 1]
     assert (ints[4 * t : 5 * t] == -1).all()  # next_prompt_token: nobody asked for prompt logprobs
-    rows = ints[5 * t : 5 * t + 9 * r].reshape(9, r)
-    slot, length, n_new, start, sample, seed, top_k, logprobs, prompt_len = rows
+    assert (ints[5 * t : 6 * t] == -1).all()  # next_token: every chunk ends at its request's known tokens
+    rows = ints[6 * t : 6 * t + 10 * r].reshape(10, r)
+    slot, length, n_new, start, sample, seed, top_k, logprobs, prompt_len, num_draft = rows
     assert slot.tolist() == [0, 1, 4, 4] and length[:2].tolist() == [5, 0] and n_new[:2].tolist() == [1, 6]
     assert start[:2].tolist() == [0, 1] and sample[:2].tolist() == [1, 1] and seed[:2].tolist() == [11, 12]
     assert top_k[:2].tolist() == [3, 0] and prompt_len[:2].tolist() == [5, 6] and logprobs[:2].tolist() == [0, 0]
-    at = 5 * t + 9 * r
+    assert num_draft.tolist() == [0, 0, 0, 0]
+    at = 6 * t + 10 * r
     csa_table = ints[at : at + 8 * r].reshape(r, 8)
     assert csa_table[0, 0] == plan.scheduled[0][0].pages["csa"][0] and csa_table[2].tolist() == [32] * 8
     bias_ids = ints[at + 8 * r + 4 * r :].reshape(r, -1)
@@ -233,3 +235,52 @@ def test_pack_layout():
 def test_pools_too_small_for_one_request_are_refused_at_construction():
     with pytest.raises(ValueError, match="pool 'csa' cannot hold even one request of max_model_len tokens"):
         make(pages=2, max_model_len=24)  # 24 tokens need 6 csa rows = 3 pages of 2
+
+
+def _speculative(max_model_len=64, k=3):
+    pools = (PoolSpec("csa", ratio=4, page_size=2, num_pages=32),)
+    return Scheduler(SchedulerConfig(4, 16, max_model_len, 4, pools, (1,), num_speculative_tokens=k))
+
+
+def test_drafts_are_verified_and_rejected_ones_rolled_back():
+    s = _speculative()
+    s.add_request(req("a", 5, max_tokens=20, temperature=0.0))
+    run_step(s)  # prefill; the first output is 7
+    a = s.running[0]
+    a.drafts = [8, 9, 10, 11]
+    plan = s.schedule()
+    assert plan.scheduled == [(a, 4)] and plan.drafts == {"a": [8, 9, 10]}  # k = 3 of the 4 drafts
+    assert a.num_computed == 9
+    ints, _ = pack(plan, s.config.pools, PlanShape(16, 4, (8,)), num_slots=4, seeds={"a": 0})
+    assert ints[:4].tolist() == [7, 8, 9, 10]  # the last output, then the drafts
+    s.update(plan, {"a": [8, 9, 3]})  # two accepted, the third replaced by the target's 3
+    assert a.output_token_ids == [7, 8, 9, 3] and a.num_computed == 8 and a.num_pending == 1
+    assert (a.num_draft_tokens, a.num_accepted_tokens) == (3, 2)
+    assert s.spec_stats.accepted_per_position[:3] == [1, 1, 0]
+
+
+def test_drafts_never_emit_past_max_tokens_or_a_stop():
+    s = _speculative()
+    s.add_request(req("a", 5, max_tokens=3, temperature=0.0))
+    s.add_request(req("b", 5, max_tokens=20, temperature=0.0))
+    run_step(s)
+    a, b = s.running
+    a.drafts, b.drafts = [8, 9, 10], [8, 1, 10]
+    plan = s.schedule()
+    assert plan.drafts == {"a": [8], "b": [8, 1, 10]}  # a has room for 2 more outputs: one draft + one token
+    finished = s.update(plan, {"a": [8, 4], "b": [8, 1, 10, 12]})  # b's 1 is EOS
+    assert a.output_token_ids == [7, 8, 4] and a.finish_reason == "length"
+    assert b.output_token_ids == [7, 8, 1] and b.finish_reason == "stop"
+    assert sorted(r.request_id for r in finished) == ["a", "b"]
+    s.check_all_free()
+
+
+def test_non_greedy_requests_do_not_take_drafts():
+    s = _speculative()
+    s.add_request(req("a", 5, temperature=0.8))
+    s.add_request(req("b", 5, temperature=0.0, presence_penalty=0.5))
+    run_step(s)
+    for r in s.running:
+        r.drafts = [8, 9, 10]
+    plan = s.schedule()
+    assert plan.drafts == {} and [n for _, n in plan.scheduled] == [1, 1]

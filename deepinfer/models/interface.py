@@ -48,6 +48,7 @@ class PagedLayout:
     page_size: int  # pool rows per page
     num_pages: tuple[tuple[str, int], ...]  # (pool name, pages) for the pools the model has
     max_backtrack: int = 12  # tokens a slot can be rolled back (speculation); sizes its rings
+    draft: bool = False  # the state also holds the draft forward's per-slot state (speculative decoding)
 
     def pages(self, pool: str) -> int:
         return dict(self.num_pages)[pool]
@@ -96,5 +97,15 @@ class ModelFamily(Protocol):
     def logits(self, cfg, params: dict, hidden: jax.Array) -> jax.Array:
         """hidden [..., *H] -> logits [..., V] fp32."""
 
-    # Optional: the draft forward for speculative decoding (a multi-token-prediction head), or None.
+    # Optional, for speculative decoding (a multi-token-prediction head), or None:
+    #   draft_forward(cfg, params, state, hidden [T, *H], next_tokens [T], batch, page_size,
+    #                 draft_from [R], draft_valid [R], num_drafts) -> (drafts [R, k] int32,
+    #                 confidence [R, k] fp32, new state)
+    # Feeds the drafter every valid token whose following token is known (next_tokens >= 0),
+    # then drafts ``num_drafts`` tokens after the token at flat index draft_from[r] of each
+    # valid row (greedy on the drafter; confidence: the drafted token's probability).
+    # Needs an init_state built with layout.draft.
     draft_forward: Optional[Callable]
+
+    def check_draft(self, cfg, params: dict) -> None:
+        """Raise ValueError naming what is missing when this config / these weights cannot draft."""

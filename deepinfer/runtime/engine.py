@@ -74,11 +74,19 @@ class LLMEngine:
             cfg = cfg.replace(batch_invariant=config.batch_invariant)
         self.cfg, self.params, self.config = cfg, params, config
         self.family = family or family_for(cfg)
+        self.num_drafts = config.num_speculative_tokens()
+        if self.num_drafts:
+            if self.family.draft_forward is None:
+                raise ValueError(f"speculative decoding: the model family {type(self.family).__name__} has no draft forward")
+            self.family.check_draft(cfg, params)
+        # Speculation runs without overlap for now: planning step N+1 needs step N's accepted count.
+        self.overlap = config.overlap and not self.num_drafts
         self.dtype = jnp.dtype(params["embed"].dtype)
         self.capacity = size_pools(self.family, cfg, config, self.dtype)
         self.pools = self.capacity.pools
         self.layout = PagedLayout(
-            config.max_num_seqs, config.page_size, tuple((p.name, p.num_pages) for p in self.pools), config.max_backtrack
+            config.max_num_seqs, config.page_size, tuple((p.name, p.num_pages) for p in self.pools), config.max_backtrack,
+            draft=self.num_drafts > 0,
         )
         self.scheduler = Scheduler(
             SchedulerConfig(
@@ -88,6 +96,7 @@ class LLMEngine:
                 num_slots=config.max_num_seqs,
                 pools=self.pools,
                 eos_token_ids=cfg.eos_token_ids,
+                num_speculative_tokens=self.num_drafts,
             )
         )
         self.token_buckets, self.row_buckets = config.buckets()
@@ -171,6 +180,7 @@ class LLMEngine:
             pick_bucket(max(plan.num_tokens, 1), self.token_buckets),
             pick_bucket(max(len(plan.scheduled), 1), self.row_buckets),
             self.max_pages,
+            self.num_drafts,
         )
 
     def _run(self, plan: StepPlan, shape: PlanShape):
@@ -188,32 +198,40 @@ class LLMEngine:
         # start the device-to-host copies of what will be read now, not when the host asks
         logprobs = out.logprobs if wants_lp else None
         prompt_logprobs = out.prompt_logprobs if wants_plp else None
-        for a in (out.tokens, *(logprobs or ()), *(prompt_logprobs or ())):
+        drafts = (out.num_emitted, out.drafts, out.draft_confidence) if self.num_drafts else None
+        for a in (out.tokens, *(drafts or ()), *(logprobs or ()), *(prompt_logprobs or ())):
             a.copy_to_host_async()
         if self.step_timer is not None:
             self.step_timer.dispatched(out.tokens)
-        return out.tokens, out.logits, logprobs, prompt_logprobs
+        return out.tokens, out.logits, logprobs, prompt_logprobs, drafts
 
-    def _process(self, plan: StepPlan, tokens: jax.Array, logits: jax.Array, logprobs, prompt_logprobs) -> list[Request]:
+    def _process(self, plan: StepPlan, tokens: jax.Array, logits: jax.Array, logprobs, prompt_logprobs,
+                 drafts) -> list[Request]:
         """Read a step's tokens (waits for that step only) and record them. ``logprobs`` /
-        ``prompt_logprobs``: the device arrays, or None when no request in the step asked."""
+        ``prompt_logprobs``: the device arrays, or None when no request in the step asked;
+        ``drafts``: (emitted counts, drafts, confidence) when speculating."""
         t0 = time.perf_counter()
         tokens = np.asarray(tokens)
         self.last_wait_s = time.perf_counter() - t0
         kept = np.asarray(logits) if self.config.keep_logits else None
         lp = tuple(np.asarray(a) for a in logprobs) if logprobs is not None else None
+        emitted, new_drafts, confidence = (np.asarray(a) for a in drafts) if drafts is not None else (None,) * 3
         sampled = {}
         for i, (req, _) in enumerate(plan.scheduled):
             if plan.samples(req) and not req.is_finished:
-                sampled[req.request_id] = int(tokens[i])
+                n = int(emitted[i]) if emitted is not None else 1
+                sampled[req.request_id] = tokens[i, :n].tolist()
                 self.updated.append(req)
+                if new_drafts is not None:
+                    req.drafts, req.draft_confidence = new_drafts[i].tolist(), confidence[i].tolist()
                 if kept is not None:
-                    req.logits.append(kept[i])
+                    req.logits.extend(kept[i, :n])
                 k = req.sampling_params.logprobs
                 if k is not None:
-                    req.token_logprobs[plan.outputs[req.request_id]] = (
-                        float(lp[0][i]), lp[1][i, :k].tolist(), lp[2][i, :k].tolist()
-                    )
+                    for j in range(n):
+                        req.token_logprobs[plan.outputs[req.request_id] + j] = (
+                            float(lp[0][i, j]), lp[1][i, j, :k].tolist(), lp[2][i, j, :k].tolist()
+                        )
         if prompt_logprobs is not None:
             self._record_prompt_logprobs(plan, prompt_logprobs)
         finished = self.scheduler.update(plan, sampled)
@@ -257,7 +275,7 @@ class LLMEngine:
                 dispatched = (plan, *self._run(plan, self._shape_for(plan)))
                 self.num_steps += 1
             finished: list[Request] = []
-            if self.config.overlap:
+            if self.overlap:
                 if self._inflight is not None:
                     finished = self._process(*self._inflight)
                 self._inflight = dispatched

@@ -64,7 +64,7 @@ def _generate(
     def step(state, tokens, lengths, n_valid, sample):
         tok, rows = chunk_inputs(tokens, lengths, n_valid, prompt_lens, cfg.vocab_size, sp, sample)
         out, state = run_step(family, cfg, paged, params, state, tok, rows, tables)
-        return out.tokens, state
+        return out.tokens[:, 0], state
 
     # prefill: chunks of the prompts, each an engine step; a row samples its first token in the
     # chunk holding its last prompt token (at position prompt_len, as the engine does)

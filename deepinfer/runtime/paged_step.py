@@ -38,13 +38,17 @@ class Logprobs(NamedTuple):
 
 
 class StepOutput(NamedTuple):
-    """What one step returns besides the new state (R: row bucket, T: token bucket).
-    The logprob parts are zeros unless some row (token) asked for them."""
+    """What one step returns besides the new state (R: row bucket, T: token bucket, K1: 1 + the
+    step's num_drafts). A row samples at its last K1 tokens' positions (those past its
+    num_draft + 1 are ignored). The logprob parts are zeros unless some row (token) asked."""
 
-    tokens: jax.Array  # [R] int32: each row's sampled token (padding and mid-prompt rows: ignore)
-    logits: jax.Array  # [R, V] fp32: raw logits at each row's last token
-    logprobs: Logprobs  # per row
+    tokens: jax.Array  # [R, K1] int32: tokens sampled at the row's verified positions (ignore past num_emitted)
+    num_emitted: jax.Array  # [R] int32: 1 + accepted drafts for sampling rows, 0 otherwise
+    logits: jax.Array  # [R, K1, V] fp32: raw logits at those positions
+    logprobs: Logprobs  # per row and position: [R, K1], [R, K1, K]
     prompt_logprobs: Logprobs  # per token: of the next prompt token
+    drafts: jax.Array  # [R, num_drafts] int32: the drafter's tokens after the row's last emitted one
+    draft_confidence: jax.Array  # [R, num_drafts] fp32: their probabilities under the drafter
 
 
 def update_token_stats(counts, in_prompt, rows: RowFields, fb: FlatBatch, tokens):
@@ -76,22 +80,27 @@ def run_step(
     tok: TokenFields,
     rows: RowFields,
     tables: dict,
+    num_drafts: int = 0,
 ) -> tuple[StepOutput, EngineState]:
     """One step on typed inputs -> (outputs, new state).
 
     Tokens of -1 are placeholders for a request's previous sampled token, read from
-    ``state.last_token[slot]``; this step's samples are written there.
+    ``state.last_token[slot]``; this step's last emitted tokens are written there.
+    ``num_drafts`` > 0 (speculative decoding): a row's last ``num_draft`` tokens are drafts;
+    the target samples at each of its last num_draft + 1 positions, accepts drafts while
+    they equal the target's token there (greedy verification), and the family's drafter
+    proposes ``num_drafts`` tokens after the last emitted one.
     """
     fb = flat_batch(tok, rows, tables)
     tokens = jnp.where(tok.tokens < 0, jnp.take(state.last_token, fb.slot, mode="clip"), tok.tokens)
     hidden, model_state = family.paged_forward(cfg, params, state.model, tokens, fb, layout.page_size)
-    num_tokens = tok.tokens.shape[0]
+    num_tokens, width = tok.tokens.shape[0], num_drafts + 1
     last = jnp.clip(rows.start + rows.n_new - 1, 0, num_tokens - 1)
     head = lambda h: family.logits(cfg, params, h)  # noqa: E731
     counts, in_prompt = update_token_stats(state.counts, state.in_prompt, rows, fb, tokens)
 
     def sample_rows(h, r: RowFields):
-        """Head, logit processing and sampling for rows independently."""
+        """Head, logit processing and sampling for (row, position) pairs independently."""
         logits = head(h)
         slot = jnp.minimum(r.slot, counts.shape[0] - 1)  # padding rows read any slot; their samples are dropped
         processed = apply_logit_bias(logits, r.bias_ids, r.bias_vals)
@@ -101,21 +110,62 @@ def run_step(
         logprobs = token_logprobs(logits, sampled, (r.logprobs > 0) & (r.sample > 0), MAX_LOGPROBS)
         return sampled, logits, Logprobs(*logprobs)
 
+    # the (row, position) grid: position j of row r is flat token last - num_draft + j
+    j = jnp.arange(width, dtype=jnp.int32)[None, :]
+    first = last - rows.num_draft
+    grid = jnp.clip(first[:, None] + j, 0, num_tokens - 1)  # [R, K1]
+    # n_new as if the row ended at that position: the sampler's position is length + n_new
+    at = rows._replace(n_new=rows.n_new - rows.num_draft)
+    grid_rows = jax.tree.map(lambda a: jnp.repeat(a, width, axis=0), at)._replace(
+        n_new=(at.n_new[:, None] + j).reshape(-1))
     tiled = cfg.batch_invariant  # rows and tokens in fixed tiles, as inside the model
-    sampled, logits, logprobs = per_token(tiled, sample_rows, hidden[last], rows)
+    sampled, logits, logprobs = per_token(tiled, sample_rows, hidden[grid.reshape(-1)], grid_rows)
+    unflat = lambda a: a.reshape(-1, width, *a.shape[1:])  # noqa: E731
+    sampled, logits, logprobs = unflat(sampled), unflat(logits), jax.tree.map(unflat, logprobs)
+    # greedy verification: accept drafts while each equals the target's token before it
+    drafted = tokens[jnp.clip(grid + 1, 0, num_tokens - 1)]
+    match = (sampled[:, :-1] == drafted[:, :-1]) & (j[:, :-1] < rows.num_draft[:, None])
+    accepted = jnp.sum(jnp.cumprod(match.astype(jnp.int32), axis=1), axis=1)
+    samples = rows.sample > 0
+    num_emitted = jnp.where(samples, accepted + 1, 0)
+    final = jnp.take_along_axis(sampled, accepted[:, None], axis=1)[:, 0]
+    # rejected drafts entered as inputs (counted as outputs): uncount them
+    rejected = samples[:, None] & (j >= accepted[:, None] + 1) & (j <= rows.num_draft[:, None])
+    uncount = jnp.where(rejected, jnp.minimum(rows.slot, counts.shape[0])[:, None], counts.shape[0])
+    counts = counts.at[uncount, tokens[grid]].add(-1, mode="drop")
     # prompt logprobs: the lm head at every token whose next prompt token is wanted (skipped otherwise)
     prompt_lp = per_token(
         tiled, lambda h, nxt: Logprobs(*token_logprobs(h, nxt, nxt >= 0, MAX_LOGPROBS, head)), hidden,
         tok.next_prompt_token,
     )
-    writes = jnp.where(rows.sample > 0, rows.slot, state.last_token.shape[0])  # padding / mid-prompt rows: dropped
+    drafts = jnp.zeros((rows.slot.shape[0], 0), jnp.int32)
+    confidence = jnp.zeros((rows.slot.shape[0], 0), jnp.float32)
+    if num_drafts:
+        next_tokens = _next_tokens(tok, fb, tokens, grid, sampled, accepted, samples, rows.num_draft)
+        drafts, confidence, model_state = family.draft_forward(
+            cfg, params, model_state, hidden, next_tokens, fb, layout.page_size, first + accepted, samples, num_drafts)
+    writes = jnp.where(samples, rows.slot, state.last_token.shape[0])  # padding / mid-prompt rows: dropped
     new_state = EngineState(
         model=model_state,
-        last_token=state.last_token.at[writes].set(sampled, mode="drop"),
+        last_token=state.last_token.at[writes].set(final, mode="drop"),
         counts=counts,
         in_prompt=in_prompt,
     )
-    return StepOutput(sampled, logits, logprobs, prompt_lp), new_state
+    return StepOutput(sampled, num_emitted, logits, logprobs, prompt_lp, drafts, confidence), new_state
+
+
+def _next_tokens(tok: TokenFields, fb: FlatBatch, tokens, grid, sampled, accepted, samples, num_draft) -> jax.Array:
+    """[T] the token after each one, where known by the end of the step (-1 elsewhere): the next flat
+    token of the same request; at a sampling row's verified positions the token emitted there (up
+    to the accepted ones); at a chunk ending mid-prompt the host's next_token."""
+    t = tokens.shape[0]
+    idx = jnp.arange(t)
+    nxt = jnp.where((idx + 1 < t) & (idx + 1 < fb.start + (fb.end - fb.length)), jnp.roll(tokens, -1), tok.next_token)
+    nxt = jnp.where(fb.valid, nxt, -1)
+    j = jnp.arange(grid.shape[1])[None, :]
+    in_region = samples[:, None] & (j <= num_draft[:, None])
+    emitted = jnp.where(j <= accepted[:, None], sampled, -1)
+    return nxt.at[jnp.where(in_region, grid, t)].set(emitted, mode="drop")
 
 
 def paged_step(
@@ -131,7 +181,7 @@ def paged_step(
     """The engine's step: a plan packed by scheduler.plan.pack -> (outputs, new state)."""
     pools = tuple(name for name, _ in layout.num_pages)
     tok, rows, tables = unpack(shape, pools, ints, floats)
-    return run_step(family, cfg, layout, params, state, tok, rows, tables)
+    return run_step(family, cfg, layout, params, state, tok, rows, tables, shape.num_drafts)
 
 
 # One program per static (family, config, layout, plan shape); the state is updated in place.

@@ -28,6 +28,7 @@ class TokenFields(NamedTuple):
     token_row: jax.Array  # the token's request row
     valid: jax.Array  # 1: a real token, 0: padding
     next_prompt_token: jax.Array  # the prompt token after this one (prompt_logprobs), -1: none wanted
+    next_token: jax.Array  # the token after this one if the host knows it and it is not in the step, else -1
 
 
 class RowFields(NamedTuple):
@@ -42,6 +43,7 @@ class RowFields(NamedTuple):
     top_k: jax.Array
     logprobs: jax.Array  # 1: report log-probabilities
     prompt_len: jax.Array
+    num_draft: jax.Array  # the row's last num_draft tokens are drafts to verify (speculative decoding)
     temperature: jax.Array  # float32 from here on
     top_p: jax.Array
     min_p: jax.Array

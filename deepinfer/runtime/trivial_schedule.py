@@ -76,6 +76,7 @@ def chunk_inputs(
         token_row=jnp.repeat(jnp.arange(b, dtype=jnp.int32), c),
         valid=i32(idx < n_valid[:, None]).reshape(-1),
         next_prompt_token=jnp.full((b * c,), -1, jnp.int32),
+        next_token=jnp.full((b * c,), -1, jnp.int32),
     )
     zeros_f, zeros_i = jnp.zeros((b,), jnp.float32), jnp.zeros((b,), jnp.int32)
     rows = RowFields(
@@ -88,6 +89,7 @@ def chunk_inputs(
         top_k=zeros_i if sp is None else i32(sp.top_k),
         logprobs=zeros_i,
         prompt_len=i32(prompt_lens),
+        num_draft=zeros_i,
         temperature=zeros_f if sp is None else sp.temperature.astype(jnp.float32),
         top_p=zeros_f + 1.0 if sp is None else sp.top_p.astype(jnp.float32),
         min_p=zeros_f,

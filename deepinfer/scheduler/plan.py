@@ -7,8 +7,10 @@ tokens are marked invalid and padding rows point at out-of-range slots and pages
 
     tokens[T] (-1: read the slot's last sampled token on device) positions[T] token_row[T] valid[T]
     next_prompt_token[T] (the prompt token after this one, for prompt_logprobs; -1: none wanted)
+    next_token[T] (the token after this one when the host knows it and it is not in the step: a chunk
+                   ending mid-prompt; -1 otherwise; feeds the drafter)
     slot[R] length[R] n_new[R] start[R] sample[R] seed[R] top_k[R] logprobs[R] (1: report log-probabilities)
-    prompt_len[R]
+    prompt_len[R] num_draft[R] (the row's last num_draft tokens are drafts to verify)
     block_table[pool][R, max_pages]   (one per pool, in PoolSpec order)
     bias_ids[R, MAX_BIAS_SLOTS]       (vocab size: unused slot)
 
@@ -26,8 +28,8 @@ import numpy as np
 from deepinfer.scheduler.sampling_params import MAX_BIAS_SLOTS
 from deepinfer.scheduler.scheduler import PoolSpec, StepPlan
 
-INT_FIELDS_T = ("tokens", "positions", "token_row", "valid", "next_prompt_token")
-INT_FIELDS_R = ("slot", "length", "n_new", "start", "sample", "seed", "top_k", "logprobs", "prompt_len")
+INT_FIELDS_T = ("tokens", "positions", "token_row", "valid", "next_prompt_token", "next_token")
+INT_FIELDS_R = ("slot", "length", "n_new", "start", "sample", "seed", "top_k", "logprobs", "prompt_len", "num_draft")
 FLOAT_FIELDS_R = ("temperature", "top_p", "min_p", "repetition_penalty", "presence_penalty", "frequency_penalty")
 
 
@@ -45,6 +47,7 @@ class PlanShape:
     num_tokens: int  # T bucket
     num_rows: int  # R bucket
     max_pages: tuple[int, ...]  # per pool
+    num_drafts: int = 0  # > 0: speculative decoding, the step verifies up to this many drafts per row and drafts as many
 
     @property
     def int_size(self) -> int:
@@ -72,6 +75,7 @@ def pack(
         raise ValueError(f"plan of {plan.num_tokens} tokens / {len(plan.scheduled)} rows exceeds shape {shape}")
     tok = {f: np.zeros(t_cap, np.int32) for f in INT_FIELDS_T}
     tok["next_prompt_token"][:] = -1
+    tok["next_token"][:] = -1
     row = {f: np.zeros(r_cap, np.int32) for f in INT_FIELDS_R}
     row["slot"][:] = num_slots  # out of range for padding rows: writes dropped
     flo = {f: np.zeros(r_cap, np.float32) for f in FLOAT_FIELDS_R}
@@ -84,7 +88,9 @@ def pack(
     offset = 0
     for i, (req, n) in enumerate(plan.scheduled):
         start = plan.starts[req.request_id]
-        ids = req.all_token_ids[start : start + n]
+        drafts = plan.drafts.get(req.request_id, [])
+        known = req.all_token_ids
+        ids = known[start : start + n - len(drafts)] + drafts
         if None in ids[:-1] or (ids[-1] is None and n != 1):
             raise AssertionError(f"request {req.request_id}: unresolved tokens inside a chunk: {ids}")
         sl = slice(offset, offset + n)
@@ -94,6 +100,8 @@ def pack(
         tok["token_row"][sl] = i
         tok["valid"][sl] = 1
         tok["next_prompt_token"][sl] = -1
+        if start + n < len(known) and known[start + n] is not None:  # a chunk ending before the known tokens do
+            tok["next_token"][offset + n - 1] = known[start + n]
         if req.sampling_params.prompt_logprobs is not None:
             plen = len(req.prompt_token_ids)
             for j, pos in enumerate(range(start, start + n)):
@@ -109,6 +117,7 @@ def pack(
         row["top_k"][i] = max(sp.top_k, 0)
         row["logprobs"][i] = int(sp.logprobs is not None)
         row["prompt_len"][i] = len(req.prompt_token_ids)
+        row["num_draft"][i] = len(drafts)
         flo["temperature"][i] = sp.temperature
         flo["top_p"][i] = sp.top_p
         flo["min_p"][i] = sp.min_p

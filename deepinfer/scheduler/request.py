@@ -43,6 +43,11 @@ class Request:
     prompt_logprobs: dict[int, tuple[float, list[int], list[float]]] = field(default_factory=dict)
     error: str | None = None  # why the engine failed this request (finish_reason "error")
     first_scheduled_time: float | None = None  # time.monotonic() when first admitted to the batch
+    # speculative decoding: the drafter's tokens after the last output (and their probabilities)
+    drafts: list[int] = field(default_factory=list)
+    draft_confidence: list[float] = field(default_factory=list)
+    num_draft_tokens: int = 0  # drafts verified so far
+    num_accepted_tokens: int = 0  # of which accepted
 
     @property
     def num_resolved(self) -> int:

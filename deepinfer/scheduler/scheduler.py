@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 
 from deepinfer.scheduler.allocators import OutOfPages, PageAllocator, SlotAllocator
 from deepinfer.scheduler.request import Request, RequestStatus
+from deepinfer.scheduler.speculation import SpecStats, num_drafts_for
 
 
 @dataclass(frozen=True)
@@ -57,6 +58,7 @@ class SchedulerConfig:
     num_slots: int
     pools: tuple[PoolSpec, ...] = ()
     eos_token_ids: tuple[int, ...] = ()
+    num_speculative_tokens: int = 0  # > 0: decode rows may carry up to this many drafts (speculation.py)
 
     def __post_init__(self):
         for key in ("max_num_seqs", "max_num_batched_tokens", "max_model_len", "num_slots"):
@@ -69,13 +71,15 @@ class StepPlan:
     """What one step runs: (request, new tokens) in order, and who was preempted.
 
     ``starts[id]``: the request's computed length before this step; ``outputs[id]``:
-    for rows that sample, the index of the placeholder output the step fills.
+    for rows that sample, the index of the placeholder output the step fills;
+    ``drafts[id]``: drafts the row verifies (its last tokens; counted in its n).
     """
 
     scheduled: list[tuple[Request, int]] = field(default_factory=list)
     preempted: list[Request] = field(default_factory=list)
     starts: dict[str, int] = field(default_factory=dict)
     outputs: dict[str, int] = field(default_factory=dict)
+    drafts: dict[str, list[int]] = field(default_factory=dict)
 
     @property
     def num_tokens(self) -> int:
@@ -85,12 +89,14 @@ class StepPlan:
         """Whether this step produces a new token for req (its chunk reaches the end of its known tokens)."""
         return req.request_id in self.outputs
 
-    def add(self, req: Request, n: int) -> None:
-        """Schedule n tokens of req and commit them (optimistic accounting)."""
+    def add(self, req: Request, n: int, drafts: list[int] | None = None) -> None:
+        """Schedule n tokens of req (the last len(drafts) of them drafts) and commit them (optimistic accounting)."""
         self.scheduled.append((req, n))
         self.starts[req.request_id] = req.num_computed
         req.num_computed += n
-        if req.num_computed == req.num_tokens:
+        if drafts:
+            self.drafts[req.request_id] = list(drafts)
+        if req.num_computed - len(drafts or ()) == req.num_tokens:
             self.outputs[req.request_id] = len(req.output_token_ids)
             req.output_token_ids.append(None)  # placeholder until the step's token arrives
 
@@ -108,6 +114,7 @@ class Scheduler:
                 raise ValueError(f"pool {spec.name!r} cannot hold even one request of max_model_len tokens")
         self._arrivals = 0
         self.num_preemptions = 0
+        self.spec_stats = SpecStats()
 
     # -- requests in and out -------------------------------------------------
 
@@ -149,10 +156,11 @@ class Scheduler:
             if self._out_of_length(req):
                 i += 1  # its last token is still in flight; it finishes when that arrives
                 continue
-            n = min(req.num_pending, budget)
+            k = num_drafts_for(req, self.config.num_speculative_tokens, budget, self.config.max_model_len)
+            n = min(req.num_pending, budget) + k
             if not self._grow_or_preempt(req, n, plan):
                 continue  # req itself was preempted; the list shifted
-            plan.add(req, n)
+            plan.add(req, n, req.drafts[:k])
             budget -= n
             i += 1
         if plan.preempted:
@@ -173,16 +181,33 @@ class Scheduler:
             budget -= n
         return plan
 
-    def update(self, plan: StepPlan, sampled: dict[str, int]) -> list[Request]:
-        """Record a step's sampled tokens into their placeholders. Returns the requests that finished."""
+    def update(self, plan: StepPlan, sampled: dict[str, int | list[int]]) -> list[Request]:
+        """Record a step's sampled tokens into their placeholders. Returns the requests that finished.
+
+        A row that verified k drafts gets a list: the accepted drafts and one more token
+        from the target; the rejected drafts are rolled back (``num_computed`` lowered)."""
         finished = []
         for req, _ in plan.scheduled:
             rid = req.request_id
             if req.is_finished or rid not in plan.outputs:
                 continue  # finished earlier (a late result of an extra step), or a mid-prompt chunk
+            got = sampled[rid]
+            tokens = [int(t) for t in got] if isinstance(got, (list, tuple)) else [int(got)]
+            k = len(plan.drafts.get(rid, ()))
+            if k:
+                req.num_computed -= k - (len(tokens) - 1)
+                req.num_draft_tokens += k
+                req.num_accepted_tokens += len(tokens) - 1
+                self.spec_stats.record(k, len(tokens) - 1)
             index = plan.outputs[rid]
-            req.output_token_ids[index] = int(sampled[rid])
+            req.output_token_ids[index] = tokens[0]
             reason = self._finish_reason(req, index)
+            for t in tokens[1:]:
+                if reason:
+                    break  # tokens past a stop are never emitted
+                index += 1
+                req.output_token_ids.insert(index, t)
+                reason = self._finish_reason(req, index)
             if reason:
                 del req.output_token_ids[index + 1 :]  # placeholders of steps run past the stop
                 if req.status == RequestStatus.RUNNING:
@@ -256,6 +281,7 @@ class Scheduler:
         self.running.remove(req)
         self._release(req)
         req.num_computed = 0
+        req.drafts, req.draft_confidence = [], []
         req.status = RequestStatus.WAITING
         req.num_preemptions += 1
         self.num_preemptions += 1

@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Optional
 
-from deepinfer.models.deepseek_v4 import state
+from deepinfer.models.deepseek_v4 import paged_mtp, state
 from deepinfer.models.deepseek_v4.model import forward
 from deepinfer.models.deepseek_v4.paged_forward import logits, paged_forward
 from deepinfer.models.deepseek_v4.param_tree import model_spec
@@ -14,9 +13,6 @@ from deepinfer.models.deepseek_v4.param_tree import model_spec
 @dataclass(frozen=True)
 class DeepSeekV4:
     """No fields: hashable and equal to every other instance, so it is a cheap static jit argument."""
-
-    # The MTP drafter comes with speculative decoding (issue 14); until then no draft forward.
-    draft_forward: Optional[Callable] = None
 
     def param_specs(self, cfg):
         return model_spec(cfg)
@@ -38,3 +34,16 @@ class DeepSeekV4:
 
     def logits(self, cfg, params, hidden):
         return logits(cfg, params, hidden)
+
+    def draft_forward(self, cfg, params, model_state, hidden, next_tokens, batch, page_size, draft_from, draft_valid,
+                      num_drafts):
+        """The MTP block (paged_mtp.py); needs params with "mtp" and a state built with layout.draft."""
+        return paged_mtp.draft_forward(cfg, params, model_state, hidden, next_tokens, batch, page_size, draft_from,
+                                       draft_valid, num_drafts)
+
+    def check_draft(self, cfg, params):
+        if not cfg.num_nextn_predict_layers:
+            raise ValueError("speculative decoding needs an MTP block: the config has num_nextn_predict_layers = 0")
+        if "mtp" not in params:
+            raise ValueError("speculative decoding needs the MTP weights: these params have none (a checkpoint "
+                             "without mtp.* tensors, or loaded with mtp='skip'); load with mtp='require'")

@@ -15,19 +15,19 @@ from deepinfer.models.interface import FlatBatch
 
 
 def paged_forward(
-    cfg: ModelConfig, params: dict, state: list[dict], tokens: jax.Array, fb: FlatBatch, page_size: int
-) -> tuple[jax.Array, list[dict]]:
-    """tokens [T] -> (pre-head streams [T, hc, D], new per-layer state)."""
+    cfg: ModelConfig, params: dict, state: dict, tokens: jax.Array, fb: FlatBatch, page_size: int
+) -> tuple[jax.Array, dict]:
+    """tokens [T] -> (pre-head streams [T, hc, D], new state); the MTP state (if any) is left as it is."""
 
     def attention_for(i, layer_type, p):
         def fn(x):  # the flat batch is one row of T tokens
-            y, new_st = paged_attention(cfg, p, layer_type, state[i], x[0], fb, page_size)
+            y, new_st = paged_attention(cfg, p, layer_type, state["layers"][i], x[0], fb, page_size)
             return y[None], {"state": new_st}
 
         return fn
 
     streams, layers_aux = run_layers(cfg, params, tokens[None], attention_for)
-    return streams[0], [aux["attn.state"] for aux in layers_aux]
+    return streams[0], {**state, "layers": [aux["attn.state"] for aux in layers_aux]}
 
 
 def logits(cfg: ModelConfig, params: dict, streams: jax.Array) -> jax.Array:

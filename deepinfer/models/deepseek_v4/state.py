@@ -12,6 +12,9 @@ Everything is indexed by absolute token position, so the state never records a l
   token closing its window (position (w+1)*ratio - 1) is processed.
 * CSA — ``indexer``: the same compressor ring and rows at ``index_head_dim``.
 
+The tree is ``{"layers": [per layer], "mtp": [per MTP depth]}``; "mtp" (the drafter's
+state: the same layer state for the MTP block's attention type) only with ``layout.draft``.
+
 All CSA layers share one block table ("csa"): main and indexer rows grow in lockstep
 (one row per ratio tokens each), so one page id addresses both; HCA layers share "hca".
 
@@ -62,20 +65,29 @@ def _layer(cfg: ModelConfig, layer_type: str, layout: PagedLayout, leaf) -> dict
     return st
 
 
-def init_state(cfg: ModelConfig, layout: PagedLayout, dtype) -> list[dict]:
-    """Per layer: zeros. dtype is the model's activation dtype (the gates stay fp32)."""
+def _tree(cfg: ModelConfig, layout: PagedLayout, leaf) -> dict:
+    tree = {"layers": [_layer(cfg, t, layout, leaf) for t in cfg.layer_types]}
+    if layout.draft:
+        if not cfg.num_nextn_predict_layers:
+            raise ValueError("speculative decoding needs an MTP block: the config has num_nextn_predict_layers = 0")
+        tree["mtp"] = [_layer(cfg, cfg.mtp_layer_types[0], layout, leaf)]  # one MTP block, applied recursively
+    return tree
+
+
+def init_state(cfg: ModelConfig, layout: PagedLayout, dtype) -> dict:
+    """Zeros. dtype is the model's activation dtype (the gates stay fp32)."""
 
     def leaf(kind, tail, leaf_dtype):
         lead = layout.num_slots if kind == "slot" else layout.pages(kind)
         return jnp.zeros((lead, *tail), leaf_dtype or dtype)
 
-    return [_layer(cfg, t, layout, leaf) for t in cfg.layer_types]
+    return _tree(cfg, layout, leaf)
 
 
-def state_axes(cfg: ModelConfig, layout: PagedLayout) -> list[dict]:
+def state_axes(cfg: ModelConfig, layout: PagedLayout) -> dict:
     """Logical axis names per leaf: ("slot", None, "head_dim") or ("pages:<pool>", None, "head_dim")."""
 
     def leaf(kind, tail, _dtype):
         return ("slot" if kind == "slot" else f"pages:{kind}",) + (None,) * (len(tail) - 1) + ("head_dim",)
 
-    return [_layer(cfg, t, layout, leaf) for t in cfg.layer_types]
+    return _tree(cfg, layout, leaf)

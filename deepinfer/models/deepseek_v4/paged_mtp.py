@@ -1,0 +1,79 @@
+"""V4's drafter for speculative decoding: the MTP block over the engine state, fed every step.
+
+The MTP block at position t reads the main model's pre-head streams at t and the embedding
+of token t+1, and predicts token t+2 (mtp.py has the whole-sequence form). In the engine it
+keeps its own per-slot state (the layer state of its attention type, ``state["mtp"][0]``)
+and is fed each step, after the target, every token whose following token is known then:
+inside the step the next flat token, at a row's end the token the target just emitted (or,
+mid-prompt, the next prompt token from the host). Drafting k tokens after position q applies
+the same block recursively, as vLLM and SGLang do for DeepSeek: the step at q + i reads the
+block's own output streams at q + i - 1 and the draft token i.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+
+from deepinfer.config import SCORE_MOE, ModelConfig
+from deepinfer.models.deepseek_v4.block import block
+from deepinfer.models.deepseek_v4.model import embed, lm_head
+from deepinfer.models.deepseek_v4.ops import linear, rms_norm
+from deepinfer.models.deepseek_v4.paged_attention import paged_attention
+from deepinfer.models.interface import FlatBatch
+from deepinfer.numerics import per_token
+
+
+def mtp_step(cfg: ModelConfig, params: dict, st: dict, streams: jax.Array, next_tokens: jax.Array, fb: FlatBatch,
+             page_size: int):
+    """The MTP block at every token of a flat batch: streams [T, hc, D], next_tokens [T] (token t+1) ->
+    (logits [T, V] fp32 for token t+2, output streams [T, hc, D], new MTP layer state)."""
+    p = params["mtp"][0]
+    eps = cfg.rms_norm_eps
+
+    def inputs(tok, h):
+        e = rms_norm(embed(params, tok), p["enorm"], eps)
+        return linear(e, p["e_proj"])[:, None, :] + linear(rms_norm(h, p["hnorm"], eps), p["h_proj"])
+
+    x = per_token(cfg.batch_invariant, inputs, next_tokens, streams)
+    layer_type = cfg.mtp_layer_types[0]
+
+    def attn_fn(a):
+        y, new_st = paged_attention(cfg, p["block"]["attn"], layer_type, st, a[0], fb, page_size)
+        return y[None], {"state": new_st}
+
+    out, aux = block(cfg, p["block"], SCORE_MOE, x[None], next_tokens[None], attn_fn)
+    logits = per_token(cfg.batch_invariant, lambda o: lm_head(cfg, params, p["hc_head"], p["norm"], o), out[0])
+    return logits, out[0], aux["attn.state"]
+
+
+def _greedy(logits: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """Draft token (argmax) and its probability under the drafter, per row."""
+    token = jnp.argmax(logits, axis=-1).astype(jnp.int32)
+    probs = jax.nn.softmax(logits.astype(jnp.float32), axis=-1)
+    return token, jnp.take_along_axis(probs, token[:, None], axis=-1)[:, 0]
+
+
+def draft_forward(cfg: ModelConfig, params: dict, state: dict, hidden: jax.Array, next_tokens: jax.Array,
+                  fb: FlatBatch, page_size: int, draft_from: jax.Array, draft_valid: jax.Array, num_drafts: int):
+    """Feed the drafter, then draft ``num_drafts`` tokens per valid row -> (drafts [R, k], confidence [R, k], state).
+
+    Tokens whose next token is unknown (next_tokens < 0) are not fed (no state written)."""
+    fed = dataclasses.replace(fb, valid=fb.valid & (next_tokens >= 0))
+    logits, out, st = mtp_step(cfg, params, state["mtp"][0], hidden, jnp.maximum(next_tokens, 0), fed, page_size)
+    idx = jnp.clip(draft_from, 0, hidden.shape[0] - 1)
+    token, conf = _greedy(logits[idx])
+    drafts, confs = [token], [conf]
+    streams, q = out[idx], fb.positions[idx]
+    rows = jnp.arange(idx.shape[0], dtype=jnp.int32)
+    for i in range(1, num_drafts):
+        pos = q + i
+        one = FlatBatch(positions=pos, valid=draft_valid, row=rows, slot=fb.slot[idx], length=pos, start=rows,
+                        end=pos + 1, tables={k: t[idx] for k, t in fb.tables.items()})
+        logits, streams, st = mtp_step(cfg, params, st, streams, token, one, page_size)
+        token, conf = _greedy(logits)
+        drafts.append(token)
+        confs.append(conf)
+    return jnp.stack(drafts, axis=1), jnp.stack(confs, axis=1), {**state, "mtp": [st]}

@@ -1,0 +1,163 @@
+"""MTP speculative decoding: greedy token streams equal speculation off, rejection at every
+draft position rolls back exactly, the drafter equals the whole-sequence MTP block, bad
+settings are refused by name."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from deepinfer.config import ModelConfig
+from deepinfer.default_model import default_model_dir
+from deepinfer.engine_config import EngineConfig
+from deepinfer.models.deepseek_v4 import (
+    forward_with_intermediates,
+    model_spec,
+    mtp_forward,
+)
+from deepinfer.models.deepseek_v4.loader import load_checkpoint
+from deepinfer.params import init_params
+from deepinfer.runtime.engine import LLMEngine
+from deepinfer.scheduler.sampling_params import SamplingParams
+
+GREEDY = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)
+# rows that do not speculate (sampling, penalties, logprobs) share the steps with those that do
+OTHERS = [
+    SamplingParams(max_tokens=12, temperature=0.9, seed=7, ignore_eos=True),
+    SamplingParams(max_tokens=12, temperature=0.0, repetition_penalty=1.3, ignore_eos=True),
+    SamplingParams(max_tokens=12, temperature=0.0, logprobs=2, ignore_eos=True),
+]
+
+
+def _engine(cfg, params, k=0, **kw):
+    spec = {"method": "mtp", "num_speculative_tokens": k} if k else None
+    ec = EngineConfig(max_num_seqs=8, max_num_batched_tokens=32, max_model_len=192, speculative_config=spec, **kw)
+    return LLMEngine(cfg, params, ec)
+
+
+def _run(engine, prompts, params_list, between_steps=None):
+    reqs = [engine.add_request(p, sp) for p, sp in zip(prompts, params_list)]
+    while engine.has_unfinished:
+        engine.step()
+        if between_steps is not None:
+            between_steps(engine)
+    engine.check_all_free()
+    return reqs
+
+
+@pytest.fixture(scope="module")
+def bundled():
+    cfg, params = load_checkpoint(default_model_dir(), mtp="require")
+    rng = np.random.default_rng(0)
+    # prompt lengths around the CSA / HCA ratios and the window; 32-token steps chunk the long ones
+    prompts = [rng.integers(3, cfg.vocab_size, n).tolist() for n in (5, 37, 70, 129)]
+    prompts += [rng.integers(3, cfg.vocab_size, 9).tolist() for _ in OTHERS]
+    sps = [GREEDY] * 4 + OTHERS
+    base = _run(_engine(cfg, params), prompts, sps)
+    return cfg, params, prompts, sps, base
+
+
+@pytest.mark.parametrize("k", [1, 3, 5])
+def test_greedy_streams_equal_speculation_off(bundled, k):
+    cfg, params, prompts, sps, base = bundled
+    engine = _engine(cfg, params, k)
+    reqs = _run(engine, prompts, sps)
+    for got, want in zip(reqs, base):
+        assert got.output_token_ids == want.output_token_ids
+        assert got.finish_reason == want.finish_reason
+    for got, want in zip(reqs[-1:], base[-1:]):  # the logprobs row (plain decode) reports the same numbers
+        assert sorted(got.token_logprobs) == sorted(want.token_logprobs)
+        for i, (lp, ids, _) in want.token_logprobs.items():
+            assert got.token_logprobs[i][1] == ids and abs(got.token_logprobs[i][0] - lp) < 1e-5
+    stats = engine.scheduler.spec_stats
+    assert stats.num_draft_tokens == sum(r.num_draft_tokens for r in reqs) > 0
+    assert stats.num_accepted_tokens == sum(r.num_accepted_tokens for r in reqs) == sum(stats.accepted_per_position)
+    # the trained MTP head agrees with the model's next-next token often (0.71 on its validation split)
+    assert stats.accepted_per_position[0] > 0.5 * stats.num_drafts
+    assert all(r.num_draft_tokens == 0 for r in reqs[4:])  # non-greedy rows never took drafts
+
+
+def test_first_draft_is_the_whole_sequence_mtp_prediction(bundled):
+    """The drafter fed through chunked prefill (the host's next prompt token at chunk ends) and the
+    target's first token gives the same draft as mtp_forward over the whole sequence."""
+    cfg, params, prompts, _, _ = bundled
+    prompt = prompts[3]  # 129 tokens: five 32-token chunks
+    engine = _engine(cfg, params, 1)
+    req = engine.add_request(prompt, SamplingParams(max_tokens=2, temperature=0.0, ignore_eos=True))
+    while not req.output_token_ids or req.output_token_ids[0] is None:
+        engine.step()
+    first, draft, confidence = req.output_token_ids[0], req.drafts[0], req.draft_confidence[0]
+    seq = jnp.asarray([prompt + [first]])
+    _, streams, _ = jax.jit(forward_with_intermediates, static_argnums=0)(cfg, params, seq)
+    positions = jnp.arange(seq.shape[1])[None]
+    logits, _ = jax.jit(mtp_forward, static_argnums=(0, 2))(cfg, params, 0, streams[:, :-1], seq[:, 1:], positions[:, :-1])
+    last = np.asarray(logits[0, -1])
+    assert draft == int(np.argmax(last))
+    probs = np.exp(last - last.max()) / np.exp(last - last.max()).sum()
+    assert abs(confidence - probs[draft]) < 1e-4
+    engine.run_until_done()
+
+
+@pytest.fixture(scope="module")
+def random_mtp():
+    """A random tiny config with every attention type and an MTP block (its drafts are nearly always wrong)."""
+    cfg = ModelConfig.from_json_file("configs/tiny_mixed.json")
+    params = init_params(model_spec(cfg), jax.random.key(3))
+    rng = np.random.default_rng(4)
+    prompts = [rng.integers(0, cfg.vocab_size, n).tolist() for n in (6, 23, 41)]
+    sps = [SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True)] * 3
+    base = _run(_engine(cfg, params), prompts, sps)
+    return cfg, params, prompts, sps, base
+
+
+def test_rejection_at_every_draft_position_rolls_back_exactly(random_mtp):
+    """Oracle drafts (the true continuation) wrong at position j, j cycling through 0..k-1 per step:
+    exactly j drafts are accepted, the rest roll back, across CSA / HCA row boundaries."""
+    cfg, params, prompts, sps, base = random_mtp
+    k = 4
+    want = {r.request_id: r.output_token_ids for r in base}
+    step = {"n": 0, "expected_accepts": {}}
+
+    def oracle(engine):
+        step["n"] += 1
+        for req in engine.scheduler.running:
+            out = req.output_token_ids
+            truth = want[req.request_id][len(out) : len(out) + k]
+            if len(truth) < k:
+                continue
+            j = step["n"] % k
+            req.drafts = truth[:j] + [(truth[j] + 1) % cfg.vocab_size] + truth[j + 1 :]
+
+    reqs = _run(_engine(cfg, params, k), prompts, sps, between_steps=oracle)
+    for got, ref in zip(reqs, base):
+        assert got.output_token_ids == ref.output_token_ids
+        assert 0 < got.num_accepted_tokens < got.num_draft_tokens
+
+
+@pytest.mark.parametrize(
+    "spec, message",
+    [
+        ({"method": "eagle", "num_speculative_tokens": 2}, "method must be 'mtp'"),
+        ({"method": "mtp", "num_speculative_tokens": 6}, r"num_speculative_tokens must be an integer in \[1, 5\], got 6"),
+        ({"method": "mtp", "num_speculative_tokens": 0}, "got 0"),
+        ({"method": "mtp", "num_speculative_tokens": 2, "draft_model": "x"}, r"unknown keys \['draft_model'\]"),
+        ("mtp", "must be a dict"),
+    ],
+)
+def test_bad_speculative_config_is_refused_by_name(spec, message):
+    with pytest.raises(ValueError, match=message):
+        EngineConfig(speculative_config=spec)
+
+
+def test_bad_env_and_missing_mtp_weights_are_refused(monkeypatch, random_mtp):
+    monkeypatch.setenv("DEEPINFER_USE_NEXTN_DECODE", "9")
+    with pytest.raises(ValueError, match=r"DEEPINFER_USE_NEXTN_DECODE must be an integer in \[1, 5\], got '9'"):
+        EngineConfig()
+    monkeypatch.setenv("DEEPINFER_USE_NEXTN_DECODE", "2")
+    assert EngineConfig().num_speculative_tokens() == 2
+    cfg, params, *_ = random_mtp
+    no_mtp = {k: v for k, v in params.items() if k != "mtp"}
+    with pytest.raises(ValueError, match="needs the MTP weights"):
+        LLMEngine(cfg, no_mtp, EngineConfig())
