@@ -40,6 +40,9 @@ class EngineConfig:
     # speculative decoding, vLLM's shape: {"method": "mtp", "num_speculative_tokens": k}, 1 <= k <= 5;
     # env DEEPINFER_USE_NEXTN_DECODE=k turns it on with k drafts when this is None
     speculative_config: dict | None = None
+    # speculating: choose each step how many drafts each request verifies (confidence x measured step
+    # cost) instead of always k; env DEEPINFER_ENABLE_MTP_VARLEN=1
+    mtp_varlen: bool = field(default_factory=lambda: os.environ.get("DEEPINFER_ENABLE_MTP_VARLEN") == "1")
 
     def __post_init__(self):
         self.num_speculative_tokens()  # refuse bad values at construction, naming them

@@ -65,18 +65,21 @@ class LLM:
         """model: a checkpoint directory, a config.json (random weights from ``seed``), or a
         ModelConfig (with ``params`` or random weights); None: the default model
         (deepinfer-tiny-v4, bundled: deepinfer.default_model). ``engine_kwargs`` go to EngineConfig
-        (max_num_seqs, max_num_batched_tokens, max_model_len, kv_memory_bytes, ...)."""
+        (max_num_seqs, max_num_batched_tokens, max_model_len, kv_memory_bytes, speculative_config, ...)."""
         model = default_model_dir() if model is None else model
         self.tokenizer: TextTokenizer | None = None
         if isinstance(model, ModelConfig):
             cfg = model
         elif os.path.isdir(model):
-            cfg, params = load_checkpoint(model, dtype=dtype, mtp="skip")
+            # the MTP block only when speculating (it drafts); refused clearly if the checkpoint lacks it
+            speculating = EngineConfig(**engine_kwargs).num_speculative_tokens() > 0
+            cfg, params = load_checkpoint(model, dtype=dtype, mtp="require" if speculating else "skip")
             self.tokenizer = TextTokenizer.from_dir(model)
         else:
             cfg = ModelConfig.from_json_file(model)
         if params is None:
-            params = init_params(model_spec(cfg, include_mtp=False), jax.random.key(seed), dtype)
+            speculating = EngineConfig(**engine_kwargs).num_speculative_tokens() > 0
+            params = init_params(model_spec(cfg, include_mtp=speculating), jax.random.key(seed), dtype)
         self.cfg = cfg
         self.engine = LLMEngine(cfg, params, EngineConfig(**engine_kwargs))
         if warmup:

@@ -284,3 +284,21 @@ def test_non_greedy_requests_do_not_take_drafts():
         r.drafts = [8, 9, 10]
     plan = s.schedule()
     assert plan.drafts == {} and [n for _, n in plan.scheduled] == [1, 1]
+
+
+def test_confidence_scheduling_verifies_what_pays_for_its_step_time():
+    from deepinfer.scheduler.speculation import plan_drafts
+
+    a, b = req("a", 3), req("b", 3)
+    a.draft_confidence, b.draft_confidence = [0.9, 0.9, 0.9], [0.2, 0.9, 0.9]
+    cands = [(a, 3), (b, 3)]
+    flat = lambda n, r: 1.0  # noqa: E731  (tokens are free: verify every draft)
+    assert plan_drafts(cands, 2, 2, flat) == {"a": 3, "b": 3}
+    linear = lambda n, r: float(n)  # noqa: E731  (compute-bound: a token costs as much as it can earn)
+    assert plan_drafts(cands, 2, 2, linear) == {}
+    # in between: a's drafts (survival .9, .81, .73) beat b's (.2, .18, .16) and are taken first
+    step = lambda n, r: 1.0 + 0.1 * n  # noqa: E731
+    chosen = plan_drafts(cands, 2, 2, step)
+    assert chosen.get("a", 0) == 3 and chosen.get("b", 0) < 3
+    a.draft_confidence = [0.0, 1.0, 1.0]
+    assert "a" not in plan_drafts([(a, 3)], 1, 1, flat)  # survival 0 from the first position on

@@ -59,11 +59,19 @@ def bundled():
     return cfg, params, prompts, sps, base
 
 
-@pytest.mark.parametrize("k", [1, 3, 5])
+@pytest.mark.parametrize("k", [1, 3, 5, "var"])
 def test_greedy_streams_equal_speculation_off(bundled, k):
+    """Fixed k, and confidence-scheduled ("var": up to 5 drafts, chosen per request and step from
+    the drafter's confidence and the step costs measured at warm-up)."""
     cfg, params, prompts, sps, base = bundled
-    engine = _engine(cfg, params, k)
+    engine = _engine(cfg, params, 5 if k == "var" else k, mtp_varlen=k == "var")
+    if k == "var":
+        engine.warmup()
+        assert engine.scheduler.step_cost is not None
+    compiled = engine.num_compiles
     reqs = _run(engine, prompts, sps)
+    if k == "var":
+        assert engine.num_compiles == compiled  # warm-up compiled the speculative programs
     for got, want in zip(reqs, base):
         assert got.output_token_ids == want.output_token_ids
         assert got.finish_reason == want.finish_reason
@@ -161,3 +169,62 @@ def test_bad_env_and_missing_mtp_weights_are_refused(monkeypatch, random_mtp):
     no_mtp = {k: v for k, v in params.items() if k != "mtp"}
     with pytest.raises(ValueError, match="needs the MTP weights"):
         LLMEngine(cfg, no_mtp, EngineConfig())
+
+
+def test_llm_and_server_surfaces(bundled, capsys):
+    """LLM(speculative_config=...) loads the MTP block and gives the streams of LLM() without it;
+    the server refuses a bad --speculative-config at start, naming the value."""
+    from deepinfer import LLM
+    from deepinfer.serve.__main__ import main
+
+    cfg, _, prompts, _, base = bundled
+    spec = LLM(speculative_config={"method": "mtp", "num_speculative_tokens": 2}, max_model_len=192, warmup=False)
+    out = spec.generate([{"prompt_token_ids": prompts[1]}], GREEDY, use_tqdm=False)
+    assert out[0].outputs[0].token_ids == base[1].output_token_ids
+    assert spec.engine.stats().num_draft_tokens > 0 and len(spec.engine.stats().accepted_per_position) == 2
+    assert main(["--speculative-config", '{"method": "mtp", "num_speculative_tokens": 9}']) == 2
+    assert "num_speculative_tokens must be an integer in [1, 5], got 9" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["--speculative-config", "mtp"])
+    assert "not JSON" in capsys.readouterr().err
+
+
+def _batch_invariant_check() -> None:
+    """Run in a fresh process with DEEPINFER_BATCH_INVARIANT=1 (the XLA flag must precede JAX)."""
+    cfg = ModelConfig.from_json_file("configs/tiny_mixed.json")
+    params = init_params(model_spec(cfg), jax.random.key(3))
+    rng = np.random.default_rng(4)
+    prompts = [rng.integers(0, cfg.vocab_size, n).tolist() for n in (6, 23, 41)]
+    sps = [SamplingParams(max_tokens=30, temperature=0.0, ignore_eos=True)] * 3
+    base = _run(_engine(cfg, params, keep_logits=True), prompts, sps)
+    want = {r.request_id: r.output_token_ids for r in base}
+    k, step = 3, [0]
+
+    def oracle(engine):  # true continuations, wrong at a cycling position: every rejection point
+        step[0] += 1
+        for req in engine.scheduler.running:
+            truth = want[req.request_id][len(req.output_token_ids) : len(req.output_token_ids) + k]
+            if len(truth) == k:
+                j = step[0] % (k + 1)  # j == k: all drafts right
+                req.drafts = [t if i != j else (t + 1) % cfg.vocab_size for i, t in enumerate(truth)]
+
+    reqs = _run(_engine(cfg, params, k, keep_logits=True), prompts, sps, between_steps=oracle)
+    for got, ref in zip(reqs, base):
+        assert got.output_token_ids == ref.output_token_ids
+        assert len(got.logits) == len(ref.logits) and all(np.array_equal(a, b) for a, b in zip(got.logits, ref.logits))
+        assert 0 < got.num_accepted_tokens < got.num_draft_tokens
+    print("BITWISE OK")
+
+
+def test_batch_invariant_mode_logits_are_bitwise_those_of_speculation_off():
+    """In batch-invariant mode the logits at every verified position are bitwise those of plain
+    one-token decode steps, whatever the drafts (oracle drafts rejected at every position)."""
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "DEEPINFER_BATCH_INVARIANT": "1"}
+    code = "import deepinfer; from tests.test_speculative import _batch_invariant_check as c; c()"
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    proc = subprocess.run([sys.executable, "-c", code], cwd=root, env=env, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0 and "BITWISE OK" in proc.stdout, proc.stderr[-3000:]

@@ -53,6 +53,11 @@ class EngineStats:
     pages_used: dict[str, int] = field(default_factory=dict)  # per pool
     slots_used: int = 0
     num_preemptions: int = 0  # since start
+    # speculative decoding since start (vLLM's meanings: a draft is one verified row)
+    num_drafts: int = 0
+    num_draft_tokens: int = 0
+    num_accepted_tokens: int = 0
+    accepted_per_position: tuple[int, ...] = ()
 
 
 class StepFailed(RuntimeError):
@@ -167,6 +172,10 @@ class LLMEngine:
             pages_used={name: p.num_pages - p.num_free for name, p in sched.pools.items()},
             slots_used=sched.slots.num_slots - sched.slots.num_free,
             num_preemptions=sched.num_preemptions,
+            num_drafts=sched.spec_stats.num_drafts,
+            num_draft_tokens=sched.spec_stats.num_draft_tokens,
+            num_accepted_tokens=sched.spec_stats.num_accepted_tokens,
+            accepted_per_position=tuple(sched.spec_stats.accepted_per_position[: self.num_drafts]),
         )
 
     @property
@@ -297,18 +306,46 @@ class LLMEngine:
 
     def bucket_shapes(self) -> list[PlanShape]:
         """Every step shape the engine can run: (token bucket, row bucket) pairs with rows <= tokens."""
-        return [PlanShape(t, r, self.max_pages) for t in self.token_buckets for r in self.row_buckets if r <= t]
+        return [PlanShape(t, r, self.max_pages, self.num_drafts) for t in self.token_buckets for r in self.row_buckets
+                if r <= t]
 
     def warmup(self, progress=None) -> int:
         """Compile the step for every bucket shape (``progress(1)`` after each). Returns the number of programs."""
+        costs = {}
         for shape in self.bucket_shapes():
             self._run(StepPlan(), shape)
+            if self.num_drafts and self.config.mtp_varlen:  # the step-cost model of confidence scheduling
+                costs[(shape.num_tokens, shape.num_rows)] = self._time_step(shape)
             if progress is not None:
                 progress(1)
+        if costs:
+            self.scheduler.step_cost = self._cost_model(costs)
         if self.step_timer is not None:  # warm-up steps are not serving steps
             self.step_timer.drain()
             self.step_timer.reset()
         return len(self.compiled_shapes)
+
+    def _time_step(self, shape: PlanShape, repeats: int = 3) -> float:
+        """Seconds one step of this shape takes on the device (the fastest of a few; a padding-only
+        plan runs the same program, so it costs what a full one does)."""
+        best = float("inf")
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            jax.block_until_ready(self._run(StepPlan(), shape)[0])
+            best = min(best, time.perf_counter() - t0)
+        return best
+
+    def _cost_model(self, costs: dict) -> callable:
+        tokens, rows = self.token_buckets, self.row_buckets
+
+        def cost(n_tokens: int, n_rows: int) -> float:
+            t = pick_bucket(max(min(n_tokens, tokens[-1]), 1), tokens)
+            r = pick_bucket(max(min(n_rows, rows[-1], t), 1), rows)
+            return costs.get((t, r), max(costs.values()))
+
+        log.info("speculation: step cost by token bucket (ms, most rows): %s",
+                 {t: round(1e3 * max(v for (tt, _), v in costs.items() if tt == t), 2) for t in tokens})
+        return cost
 
     def run_until_done(self) -> None:
         while self.has_unfinished:

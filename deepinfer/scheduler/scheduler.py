@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 
 from deepinfer.scheduler.allocators import OutOfPages, PageAllocator, SlotAllocator
 from deepinfer.scheduler.request import Request, RequestStatus
-from deepinfer.scheduler.speculation import SpecStats, num_drafts_for
+from deepinfer.scheduler.speculation import SpecStats, num_drafts_for, plan_drafts
 
 
 @dataclass(frozen=True)
@@ -115,6 +115,9 @@ class Scheduler:
         self._arrivals = 0
         self.num_preemptions = 0
         self.spec_stats = SpecStats()
+        # seconds per step by (tokens, rows), measured by the engine at warm-up; with it, drafts are
+        # confidence-scheduled (speculation.plan_drafts), without it every eligible row verifies k
+        self.step_cost = None
 
     # -- requests in and out -------------------------------------------------
 
@@ -147,16 +150,28 @@ class Scheduler:
 
     # -- one step ---------------------------------------------------------------
 
+    def _draft_limits(self) -> dict[str, int] | None:
+        """Per request, how many drafts confidence scheduling lets it verify (None: no limit but k)."""
+        limit = self.config.num_speculative_tokens
+        if not limit or self.step_cost is None:
+            return None
+        budget = self.config.max_num_batched_tokens
+        base = min(budget, sum(r.num_pending for r in self.running))
+        cands = [(r, num_drafts_for(r, limit, budget, self.config.max_model_len)) for r in self.running]
+        return plan_drafts([(r, k) for r, k in cands if k], base, max(len(self.running), 1), self.step_cost)
+
     def schedule(self) -> StepPlan:
         plan = StepPlan()
         budget = self.config.max_num_batched_tokens
+        limits = self._draft_limits()
         i = 0
         while i < len(self.running) and budget > 0:
             req = self.running[i]
             if self._out_of_length(req):
                 i += 1  # its last token is still in flight; it finishes when that arrives
                 continue
-            k = num_drafts_for(req, self.config.num_speculative_tokens, budget, self.config.max_model_len)
+            limit = self.config.num_speculative_tokens if limits is None else limits.get(req.request_id, 0)
+            k = num_drafts_for(req, limit, budget, self.config.max_model_len)
             n = min(req.num_pending, budget) + k
             if not self._grow_or_preempt(req, n, plan):
                 continue  # req itself was preempted; the list shifted

@@ -8,13 +8,23 @@ kv/rollback.py). k never lets a step emit past max_tokens or max_model_len.
 Verification is greedy (accept a draft while it equals the target's token), so only
 requests whose every emitted token is the target's argmax of the raw logits take drafts:
 temperature 0, no penalties, no logprobs, no min_tokens still blocking stops. The others
-run as plain decode rows in the same steps. (Rejection sampling, penalties and logprobs at
+run as plain decode rows in the same steps.
+
+Confidence-scheduled verification (``EngineConfig.mtp_varlen``, env DEEPINFER_ENABLE_MTP_VARLEN=1):
+each draft position's chance of being accepted is estimated by its survival product, the
+drafter's own probabilities of the drafts up to it (one step old: they come with the
+drafts). ``plan_drafts`` then picks, over the whole step, the draft tokens to verify so
+that expected progress per second is highest under the step-cost model the engine
+measured at warm-up (seconds per step by token and row count). When steps are
+compute-bound (many rows), adding tokens costs time and little or nothing is verified. (Rejection sampling, penalties and logprobs at
 every verified position are what remains of issue 14; see the session note.)
 """
 
 from __future__ import annotations
 
+import collections
 from dataclasses import dataclass, field
+from typing import Callable
 
 from deepinfer.scheduler.request import Request
 
@@ -57,3 +67,25 @@ class SpecStats:
         self.num_accepted_tokens += accepted
         for i in range(accepted):
             self.accepted_per_position[i] += 1
+
+
+def plan_drafts(cands: list[tuple[Request, int]], base_tokens: int, rows: int,
+                step_cost: Callable[[int, int], float]) -> dict[str, int]:
+    """Drafts to verify per request id. cands: (request, most drafts it may verify); base_tokens /
+    rows: the step's work without drafts. Maximises (base_tokens + expected accepted drafts) /
+    step_cost(base_tokens + drafts, rows); a request's chosen drafts are always its first ones."""
+    gains = []
+    for req, cap in cands:
+        survival = 1.0
+        for i in range(cap):
+            survival *= min(max(float(req.draft_confidence[i]), 0.0), 1.0)
+            gains.append((survival, -i, req.request_id))
+    gains.sort(reverse=True)  # a request's later positions never come before its earlier ones
+    best_m, best = 0, base_tokens / step_cost(base_tokens, rows)
+    expected = 0.0
+    for m, (gain, _, _) in enumerate(gains, 1):
+        expected += gain
+        value = (base_tokens + expected) / step_cost(base_tokens + m, rows)
+        if value > best:
+            best, best_m = value, m
+    return dict(collections.Counter(rid for _, _, rid in gains[:best_m]))

@@ -39,6 +39,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="outputs independent of the rest of the batch, bitwise (env DEEPINFER_BATCH_INVARIANT=1)")
     p.add_argument("--no-overlap", action="store_true", default=os.environ.get("DEEPINFER_NO_OVERLAP") == "1",
                    help="wait for each step before planning the next (comparison, debugging; env DEEPINFER_NO_OVERLAP=1)")
+    p.add_argument("--speculative-config", type=_speculative_config, default=None,
+                   help='speculative decoding with the model\'s MTP block, vLLM\'s JSON: '
+                        '\'{"method": "mtp", "num_speculative_tokens": 3}\' (1..5 drafts per decode); '
+                        'or env DEEPINFER_USE_NEXTN_DECODE=k')
     p.add_argument("--shutdown-timeout", type=float, default=30.0, help="seconds in-flight requests get to finish on SIGINT/SIGTERM; "
                    "then each gets an error event and [DONE]. New requests get 503 meanwhile")
     p.add_argument("--compile-cache", default=os.environ.get("DEEPINFER_COMPILE_CACHE", "auto"),
@@ -46,6 +50,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    "'off' to disable); a warm cache makes restarts skip compilation")
     p.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
     return p.parse_args(argv)
+
+
+def _speculative_config(text: str) -> dict:
+    """--speculative-config JSON -> dict (checked further by EngineConfig, which names bad values)."""
+    import json
+
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise argparse.ArgumentTypeError(f"not JSON ({e}): {text!r}") from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError(f"a JSON object is needed, like '{{\"method\": \"mtp\", \"num_speculative_tokens\": 3}}', got {text!r}")
+    return value
 
 
 def parse_bytes(text: str) -> int:
@@ -92,7 +109,8 @@ def build_state(args: argparse.Namespace):
         bar.n = done
         bar.refresh()
 
-    cfg, params = load_checkpoint(model_dir, dtype=args.dtype, mtp="skip", progress=progress)
+    speculating = EngineConfig(speculative_config=args.speculative_config).num_speculative_tokens() > 0
+    cfg, params = load_checkpoint(model_dir, dtype=args.dtype, mtp="require" if speculating else "skip", progress=progress)
     bar.close()
     tokenizer = TextTokenizer.from_dir(model_dir)
     n_params = count_params(model_spec(cfg, include_mtp=False))
@@ -108,11 +126,14 @@ def build_state(args: argparse.Namespace):
         max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens, max_model_len=max_len,
         kv_memory_bytes=parse_bytes(args.kv_memory) if args.kv_memory else None, overlap=not args.no_overlap,
         measure_device=True,  # device time and busy fraction for /metrics (one watcher thread)
-        batch_invariant=args.batch_invariant,
+        batch_invariant=args.batch_invariant, speculative_config=args.speculative_config,
     )
     engine = LLMEngine(cfg, params, ec)
     if ec.batch_invariant:
         log.info("batch-invariant mode: on (XLA_FLAGS=%s)", os.environ.get("XLA_FLAGS", ""))
+    if engine.num_drafts:
+        log.info("speculative decoding: the MTP block drafts up to %d tokens per greedy decode row "
+                 "(overlap is off while speculating)", engine.num_drafts)
     shapes = engine.bucket_shapes()
     t1 = time.perf_counter()
     with tqdm(total=len(shapes), desc="Compiling step programs", unit="program", leave=False, disable=None) as wbar:

@@ -155,7 +155,10 @@ def build_app(state: ServerState, lifespan=None) -> FastAPI:
         snap = state.engine.snapshot
         return {"running": snap.running, "waiting": snap.waiting, "kv_usage": snap.kv_usage,
                 "pages_used": snap.pages_used, "slots_used": snap.slots_used,
-                "sequences_in_flight": state.engine.in_system, "num_preemptions": snap.num_preemptions}
+                "sequences_in_flight": state.engine.in_system, "num_preemptions": snap.num_preemptions,
+                "spec_decode": {"num_drafts": snap.num_drafts, "num_draft_tokens": snap.num_draft_tokens,
+                                "num_accepted_tokens": snap.num_accepted_tokens,
+                                "accepted_per_position": list(snap.accepted_per_position)}}
 
     @app.get("/v1/models")
     async def models(request: Request):

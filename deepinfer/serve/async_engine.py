@@ -223,6 +223,13 @@ class AsyncEngine:
             m.kv_pages_used.set(sum(snap.pages_used.values()))
             m.num_preemptions.inc(snap.num_preemptions - self._preemptions_seen)
             self._preemptions_seen = snap.num_preemptions
+            last = self.snapshot
+            m.spec_decode_num_drafts.inc(snap.num_drafts - last.num_drafts)
+            m.spec_decode_num_draft_tokens.inc(snap.num_draft_tokens - last.num_draft_tokens)
+            m.spec_decode_num_accepted_tokens.inc(snap.num_accepted_tokens - last.num_accepted_tokens)
+            before = last.accepted_per_position or (0,) * len(snap.accepted_per_position)
+            for i, (now, was) in enumerate(zip(snap.accepted_per_position, before)):
+                m.accepted_at(i).inc(now - was)
             timer = self.engine.step_timer
             if timer is not None:
                 summary = timer.summary()

@@ -38,6 +38,13 @@ class ServerMetrics:
         self.kv_cache_usage_perc = gauge("kv_cache_usage_perc", "Fraction of KV pages in use, 0 to 1.")
         self.kv_pages_used = gauge("kv_pages_used", "KV pages held by requests (all pools).")
         self.num_preemptions = counter("num_preemptions", "Requests preempted (recompute) so far.")
+        self.spec_decode_num_drafts = counter("spec_decode_num_drafts", "Speculative rows verified (one per request per step).")
+        self.spec_decode_num_draft_tokens = counter("spec_decode_num_draft_tokens", "Draft tokens verified.")
+        self.spec_decode_num_accepted_tokens = counter("spec_decode_num_accepted_tokens", "Draft tokens accepted.")
+        self._accepted_per_pos = Counter(
+            "deepinfer:spec_decode_num_accepted_tokens_per_pos", "Draft tokens accepted, by draft position.",
+            ("model_name", "position"), registry=r,
+        )
         self.prompt_tokens = counter("prompt_tokens", "Prompt tokens of admitted requests.")
         self.generation_tokens = counter("generation_tokens", "Generated tokens sent to clients.")
         self._success = Counter(
@@ -53,6 +60,9 @@ class ServerMetrics:
         self.num_steps = counter("engine_steps", "Engine steps run.")
         self.device_busy_fraction = gauge("device_busy_fraction", "Device busy time / wall time over the last 256 steps.")
         self.step_device_time = gauge("step_device_seconds_mean", "Mean device time per step over the last 256 steps.")
+
+    def accepted_at(self, position: int):
+        return self._accepted_per_pos.labels(self.model_name, str(position))
 
     def finished(self, reason: str) -> None:
         self._success.labels(self.model_name, reason).inc()
