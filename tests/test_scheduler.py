@@ -275,15 +275,17 @@ def test_drafts_never_emit_past_max_tokens_or_a_stop():
     s.check_all_free()
 
 
-def test_non_greedy_requests_do_not_take_drafts():
+def test_penalised_and_logprobs_requests_do_not_take_drafts():
     s = _speculative()
-    s.add_request(req("a", 5, temperature=0.8))
-    s.add_request(req("b", 5, temperature=0.0, presence_penalty=0.5))
+    s.add_request(req("a", 3, temperature=0.8, logprobs=1))
+    s.add_request(req("b", 3, temperature=0.0, presence_penalty=0.5))
+    s.add_request(req("c", 3, temperature=0.8, min_tokens=3))
+    s.add_request(req("d", 3, temperature=0.8, top_p=0.9))  # sampled requests do speculate
     run_step(s)
     for r in s.running:
         r.drafts = [8, 9, 10]
     plan = s.schedule()
-    assert plan.drafts == {} and [n for _, n in plan.scheduled] == [1, 1]
+    assert plan.drafts == {"d": [8, 9, 10]} and [n for _, n in plan.scheduled] == [1, 1, 1, 4]
 
 
 def test_confidence_scheduling_verifies_what_pays_for_its_step_time():

@@ -23,7 +23,8 @@ from deepinfer.runtime.engine import LLMEngine
 from deepinfer.scheduler.sampling_params import SamplingParams
 
 GREEDY = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)
-# rows that do not speculate (sampling, penalties, logprobs) share the steps with those that do
+# a sampled row (speculates: its stream differs from speculation off, its distribution does not)
+# and rows that do not speculate (penalties, logprobs) share the steps with the greedy ones
 OTHERS = [
     SamplingParams(max_tokens=12, temperature=0.9, seed=7, ignore_eos=True),
     SamplingParams(max_tokens=12, temperature=0.0, repetition_penalty=1.3, ignore_eos=True),
@@ -72,7 +73,10 @@ def test_greedy_streams_equal_speculation_off(bundled, k):
     reqs = _run(engine, prompts, sps)
     if k == "var":
         assert engine.num_compiles == compiled  # warm-up compiled the speculative programs
-    for got, want in zip(reqs, base):
+    for i, (got, want) in enumerate(zip(reqs, base)):
+        if sps[i].temperature > 0:  # same distribution, not the same stream (test_seeded_* below)
+            assert len(got.output_token_ids) == len(want.output_token_ids)
+            continue
         assert got.output_token_ids == want.output_token_ids
         assert got.finish_reason == want.finish_reason
     for got, want in zip(reqs[-1:], base[-1:]):  # the logprobs row (plain decode) reports the same numbers
@@ -84,7 +88,7 @@ def test_greedy_streams_equal_speculation_off(bundled, k):
     assert stats.num_accepted_tokens == sum(r.num_accepted_tokens for r in reqs) == sum(stats.accepted_per_position)
     # the trained MTP head agrees with the model's next-next token often (0.71 on its validation split)
     assert stats.accepted_per_position[0] > 0.5 * stats.num_drafts
-    assert all(r.num_draft_tokens == 0 for r in reqs[4:])  # non-greedy rows never took drafts
+    assert all(r.num_draft_tokens == 0 for r in reqs[5:])  # penalised / logprobs rows never took drafts
 
 
 def test_first_draft_is_the_whole_sequence_mtp_prediction(bundled):
@@ -228,3 +232,92 @@ def test_batch_invariant_mode_logits_are_bitwise_those_of_speculation_off():
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     proc = subprocess.run([sys.executable, "-c", code], cwd=root, env=env, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0 and "BITWISE OK" in proc.stdout, proc.stderr[-3000:]
+
+
+def test_seeded_sampling_with_drafts_is_reproducible_across_schedules(bundled):
+    """A seeded sampled request verifying drafts emits the same tokens alone or in a batch
+    (noise and acceptance draws are functions of seed and position only)."""
+    cfg, params, prompts, _, _ = bundled
+    engine = _engine(cfg, params, 3)
+    sps = [SamplingParams(max_tokens=20, temperature=0.7, top_p=0.95, seed=s, ignore_eos=True) for s in (1, 2, 3)]
+    together = _run(engine, prompts[:3], sps)
+    alone = [_run(engine, [p], [sp])[0] for p, sp in zip(prompts[:3], sps)]
+    assert [r.output_token_ids for r in together] == [r.output_token_ids for r in alone]
+    assert sum(r.num_accepted_tokens for r in together) > 0
+
+
+def _chi_square_p(samples, p1, p2) -> float:
+    """p-value that (first, second) token samples follow p1 and, given the first, p2[first]."""
+    from scipy import stats
+
+    chi, dof = 0.0, 0
+    firsts = np.array([a for a, _ in samples])
+    groups = [(np.bincount(firsts, minlength=len(p1)), p1)]
+    for t1, q in p2.items():
+        seconds = np.array([b for a, b in samples if a == t1], dtype=np.int64)
+        if len(seconds) >= 20:
+            groups.append((np.bincount(seconds, minlength=len(q)), q))
+    for counts, q in groups:
+        support = q > 0
+        expected = counts.sum() * q[support]
+        chi += float(np.sum((counts[support] - expected) ** 2 / expected))
+        dof += int(support.sum()) - 1
+    return float(stats.chi2.sf(chi, dof))
+
+
+def test_sampled_verification_keeps_the_distribution(random_mtp):
+    """Top-4 sampling at temperature 1 with the drafter replaced by the target's own argmax: the
+    second emitted token (verified: accepted with p(draft), else drawn without it) follows the
+    model's distribution given the first (chi-square, 500 seeds), and the same check rejects
+    samples drawn by a wrong acceptance rule."""
+    cfg, params, *_ = random_mtp
+    prompt = list(range(10, 20))
+    fwd = jax.jit(lambda t: forward_with_intermediates(cfg, params, t)[0][0, -1])
+
+    def top4(logits):
+        logits = np.asarray(logits, np.float64)
+        keep = np.argsort(-logits)[:4]
+        q = np.zeros_like(logits)
+        q[keep] = np.exp(logits[keep] - logits[keep].max())
+        return q / q.sum()
+
+    p1 = top4(fwd(jnp.asarray([prompt])))
+    p2 = {int(t): top4(fwd(jnp.asarray([prompt + [int(t)]]))) for t in np.flatnonzero(p1)}
+    mode = {t: int(np.argmax(q)) for t, q in p2.items()}
+
+    def oracle(engine):
+        for req in engine.scheduler.running:
+            if len(req.output_token_ids) == 1 and req.drafts:
+                req.drafts = [mode[req.output_token_ids[0]]]
+
+    n = 500
+    sps = [SamplingParams(max_tokens=3, temperature=1.0, top_k=4, seed=s, ignore_eos=True) for s in range(n)]
+    reqs = _run(_engine(cfg, params, 1), [prompt] * n, sps, between_steps=oracle)
+    assert all(r.num_draft_tokens >= 1 for r in reqs)  # every second token went through verification
+    samples = [tuple(r.output_token_ids[:2]) for r in reqs]
+    accepted = sum(b == mode[a] for a, b in samples)
+    assert _chi_square_p(samples, p1, p2) > 1e-3
+    # the same check on a wrong rule (accept the draft with probability sqrt(p(draft))) rejects it
+    rng = np.random.default_rng(0)
+    wrong = []
+    for _ in range(n):
+        a = int(rng.choice(len(p1), p=p1))
+        q, d = p2[a], mode[a]
+        if rng.random() < np.sqrt(q[d]):
+            wrong.append((a, d))
+        else:
+            rest = np.where(np.arange(len(q)) == d, 0.0, q)
+            wrong.append((a, int(rng.choice(len(q), p=rest / rest.sum()))))
+    assert _chi_square_p(wrong, p1, p2) < 1e-3
+    assert 0 < accepted < n
+
+
+def test_preemption_while_speculating_keeps_greedy_streams(bundled):
+    """Pools for about three requests at a time: requests holding drafts are preempted, replay
+    their prompt and outputs, draft again, and still give speculation off's streams."""
+    cfg, params, prompts, sps, base = bundled
+    engine = _engine(cfg, params, 3, num_pages=(("csa", 9), ("hca", 3)))
+    reqs = _run(engine, prompts[:4], sps[:4])
+    assert engine.scheduler.num_preemptions > 0
+    assert [r.output_token_ids for r in reqs] == [r.output_token_ids for r in base[:4]]
+    assert engine.scheduler.spec_stats.num_accepted_tokens > 0

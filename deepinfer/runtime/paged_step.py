@@ -21,8 +21,8 @@ from deepinfer.numerics import per_token
 from deepinfer.runtime.sampler import (
     apply_logit_bias,
     apply_penalties,
-    sample,
     token_logprobs,
+    verify_sample,
 )
 from deepinfer.runtime.step_inputs import RowFields, TokenFields, flat_batch, unpack
 from deepinfer.scheduler.plan import PlanShape
@@ -88,7 +88,8 @@ def run_step(
     ``state.last_token[slot]``; this step's last emitted tokens are written there.
     ``num_drafts`` > 0 (speculative decoding): a row's last ``num_draft`` tokens are drafts;
     the target samples at each of its last num_draft + 1 positions, accepts drafts while
-    they equal the target's token there (greedy verification), and the family's drafter
+    they pass verification (sampler.verify_sample: greedy rows while a draft equals the
+    target's argmax, sampled rows by the rejection rule), and the family's drafter
     proposes ``num_drafts`` tokens after the last emitted one.
     """
     fb = flat_batch(tok, rows, tables)
@@ -99,16 +100,18 @@ def run_step(
     head = lambda h: family.logits(cfg, params, h)  # noqa: E731
     counts, in_prompt = update_token_stats(state.counts, state.in_prompt, rows, fb, tokens)
 
-    def sample_rows(h, r: RowFields):
-        """Head, logit processing and sampling for (row, position) pairs independently."""
+    def sample_rows(h, r: RowFields, draft, has_draft):
+        """Head, logit processing, sampling (and verification of the draft there, if any) for
+        (row, position) pairs independently."""
         logits = head(h)
         slot = jnp.minimum(r.slot, counts.shape[0] - 1)  # padding rows read any slot; their samples are dropped
         processed = apply_logit_bias(logits, r.bias_ids, r.bias_vals)
         processed = apply_penalties(processed, counts, in_prompt, slot, r.repetition_penalty,
                                     r.presence_penalty, r.frequency_penalty)
-        sampled = sample(processed, r.length + r.n_new, r.seed, r.temperature, r.top_k, r.top_p, min_p=r.min_p)
+        sampled, accepted = verify_sample(processed, r.length + r.n_new, r.seed, r.temperature, r.top_k, r.top_p,
+                                          r.min_p, draft, has_draft)
         logprobs = token_logprobs(logits, sampled, (r.logprobs > 0) & (r.sample > 0), MAX_LOGPROBS)
-        return sampled, logits, Logprobs(*logprobs)
+        return sampled, accepted, logits, Logprobs(*logprobs)
 
     # the (row, position) grid: position j of row r is flat token last - num_draft + j
     j = jnp.arange(width, dtype=jnp.int32)[None, :]
@@ -118,14 +121,16 @@ def run_step(
     at = rows._replace(n_new=rows.n_new - rows.num_draft)
     grid_rows = jax.tree.map(lambda a: jnp.repeat(a, width, axis=0), at)._replace(
         n_new=(at.n_new[:, None] + j).reshape(-1))
-    tiled = cfg.batch_invariant  # rows and tokens in fixed tiles, as inside the model
-    sampled, logits, logprobs = per_token(tiled, sample_rows, hidden[grid.reshape(-1)], grid_rows)
-    unflat = lambda a: a.reshape(-1, width, *a.shape[1:])  # noqa: E731
-    sampled, logits, logprobs = unflat(sampled), unflat(logits), jax.tree.map(unflat, logprobs)
-    # greedy verification: accept drafts while each equals the target's token before it
+    # the draft verified at each (row, position): the row's next input token, for j < num_draft
     drafted = tokens[jnp.clip(grid + 1, 0, num_tokens - 1)]
-    match = (sampled[:, :-1] == drafted[:, :-1]) & (j[:, :-1] < rows.num_draft[:, None])
-    accepted = jnp.sum(jnp.cumprod(match.astype(jnp.int32), axis=1), axis=1)
+    has_draft = j < rows.num_draft[:, None]
+    tiled = cfg.batch_invariant  # rows and tokens in fixed tiles, as inside the model
+    sampled, ok, logits, logprobs = per_token(tiled, sample_rows, hidden[grid.reshape(-1)], grid_rows,
+                                              drafted.reshape(-1), has_draft.reshape(-1))
+    unflat = lambda a: a.reshape(-1, width, *a.shape[1:])  # noqa: E731
+    sampled, ok, logits, logprobs = unflat(sampled), unflat(ok), unflat(logits), jax.tree.map(unflat, logprobs)
+    # drafts are accepted while each passes verification; the first failure emits the target's token
+    accepted = jnp.sum(jnp.cumprod(ok[:, :-1].astype(jnp.int32), axis=1), axis=1)
     samples = rows.sample > 0
     num_emitted = jnp.where(samples, accepted + 1, 0)
     final = jnp.take_along_axis(sampled, accepted[:, None], axis=1)[:, 0]

@@ -135,3 +135,40 @@ def token_logprobs(
         return jnp.zeros((b,), jnp.float32), jnp.zeros((b, k), jnp.int32), jnp.zeros((b, k), jnp.float32)
 
     return jax.lax.cond(jnp.any(wanted), compute, skip, None)
+
+
+ACCEPT_SALT = 1  # the uniform draw that accepts or rejects a draft, apart from the sampling noise (salt 0)
+
+
+def verify_sample(
+    logits: jax.Array, positions: jax.Array, seeds: jax.Array, temperature: jax.Array, top_k: jax.Array,
+    top_p: jax.Array, min_p: jax.Array, draft: jax.Array, has_draft: jax.Array,
+) -> tuple[jax.Array, jax.Array]:
+    """Speculative verification at one position per row: (token [B], accepted [B] bool).
+
+    The drafter proposes its argmax, a point mass q = one-hot(draft), so the standard rule
+    (accept with min(1, p/q), else sample norm(max(0, p - q))) becomes: accept with
+    probability p(draft); on rejection sample from p without the draft. The emitted token
+    is then distributed exactly as p. Greedy rows accept when the draft is the argmax.
+    Rows without a draft sample as ``sample`` does (same noise), so they are unchanged.
+    """
+    greedy = jnp.argmax(logits, axis=-1).astype(jnp.int32)
+
+    def sampled(_):
+        filtered = filter_logits(logits, temperature, top_k, top_p, min_p)
+        probs = jax.nn.softmax(filtered, axis=-1)
+        p_draft = jnp.take_along_axis(probs, jnp.maximum(draft, 0)[:, None], axis=-1)[:, 0]
+
+        def uniform(seed, pos):
+            key = jax.random.fold_in(jax.random.fold_in(jax.random.key(seed), ACCEPT_SALT), pos)
+            return jax.random.uniform(key, (), jnp.float32)
+
+        u = jax.vmap(uniform)(seeds.astype(jnp.uint32), positions.astype(jnp.int32))
+        accept = has_draft & (u < p_draft)
+        is_draft = has_draft[:, None] & (jnp.arange(logits.shape[-1])[None, :] == draft[:, None])
+        rest = jnp.where(is_draft, -jnp.inf, filtered) + sampling_noise(seeds, positions, logits.shape[-1])
+        token = jnp.where(accept, draft, jnp.argmax(rest, axis=-1).astype(jnp.int32))
+        return (jnp.where(temperature <= 0, greedy, token),
+                jnp.where(temperature <= 0, has_draft & (greedy == draft), accept))
+
+    return jax.lax.cond(jnp.all(temperature <= 0), lambda _: (greedy, has_draft & (greedy == draft)), sampled, None)

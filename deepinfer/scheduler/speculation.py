@@ -5,10 +5,11 @@ its known last token plus k drafts; the step verifies them and the host rolls ba
 rejected ones (``num_computed`` lowered; the device state needs nothing, see
 kv/rollback.py). k never lets a step emit past max_tokens or max_model_len.
 
-Verification is greedy (accept a draft while it equals the target's token), so only
-requests whose every emitted token is the target's argmax of the raw logits take drafts:
-temperature 0, no penalties, no logprobs, no min_tokens still blocking stops. The others
-run as plain decode rows in the same steps.
+Verification (runtime/sampler.verify_sample) is exact for greedy and sampled requests
+(temperature, top-k / top-p / min-p, logit bias): emitted tokens are distributed as
+without speculation (greedy: identical). Requests with penalties, logprobs, or min_tokens
+still blocking stops do not take drafts (those would need per-position counts, logprobs
+and bias inside the verified span) and run as plain decode rows in the same steps.
 
 Confidence-scheduled verification (``EngineConfig.mtp_varlen``, env DEEPINFER_ENABLE_MTP_VARLEN=1):
 each draft position's chance of being accepted is estimated by its survival product, the
@@ -16,8 +17,7 @@ drafter's own probabilities of the drafts up to it (one step old: they come with
 drafts). ``plan_drafts`` then picks, over the whole step, the draft tokens to verify so
 that expected progress per second is highest under the step-cost model the engine
 measured at warm-up (seconds per step by token and row count). When steps are
-compute-bound (many rows), adding tokens costs time and little or nothing is verified. (Rejection sampling, penalties and logprobs at
-every verified position are what remains of issue 14; see the session note.)
+compute-bound (many rows), adding tokens costs time and little or nothing is verified.
 """
 
 from __future__ import annotations
@@ -34,8 +34,7 @@ MAX_DRAFT_TOKENS = 5  # the product's cap (DEEPINFER_USE_NEXTN_DECODE <= 5)
 def speculation_ok(req: Request) -> bool:
     sp = req.sampling_params
     return (
-        sp.temperature == 0
-        and not sp.uses_penalties
+        not sp.uses_penalties
         and sp.logprobs is None
         and len(req.output_token_ids) >= sp.min_tokens
     )
