@@ -132,7 +132,7 @@ def build_state(args: argparse.Namespace):
     if ec.batch_invariant:
         log.info("batch-invariant mode: on (XLA_FLAGS=%s)", os.environ.get("XLA_FLAGS", ""))
     if engine.num_drafts:
-        log.info("speculative decoding: the MTP block drafts up to %d tokens per greedy decode row "
+        log.info("speculative decoding: the MTP block drafts up to %d tokens per decode row "
                  "(overlap is off while speculating)", engine.num_drafts)
     shapes = engine.bucket_shapes()
     t1 = time.perf_counter()
