@@ -102,8 +102,9 @@ class ModelFamily(Protocol):
     #                 draft_from [R], draft_valid [R], num_drafts) -> (drafts [R, k] int32,
     #                 confidence [R, k] fp32, new state)
     # Feeds the drafter every valid token whose following token is known (next_tokens >= 0),
-    # then drafts ``num_drafts`` tokens after the token at flat index draft_from[r] of each
-    # valid row (greedy on the drafter; confidence: the drafted token's probability).
+    # then drafts, for each valid row, the ``num_drafts`` tokens that follow
+    # next_tokens[draft_from[r]] (the row's last emitted token): greedy on the drafter;
+    # confidence: the drafted token's probability under it.
     # Needs an init_state built with layout.draft.
     draft_forward: Optional[Callable]
 
