@@ -1,0 +1,84 @@
+"""The server's state (model, tokenizer, engine, limits) and the helpers that read requests
+against it: model names, text encoding, completion prompts, chat rendering."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from deepinfer.serve.async_engine import AsyncEngine
+from deepinfer.serve.checks import at_most, check_text, token_ids
+from deepinfer.serve.errors import APIError, bad_request
+from deepinfer.serve.formatting import TokenText
+from deepinfer.serve.metrics import ServerMetrics
+from deepinfer.text.tokenizer import ChatTemplateError, TextTokenizer
+
+ROLES = ("system", "developer", "user", "assistant")
+
+
+@dataclass
+class ServerState:
+    engine: AsyncEngine
+    tokenizer: TextTokenizer | None
+    model_name: str
+    vocab_size: int
+    max_model_len: int
+    max_num_seqs: int
+    max_waiting: int  # sequences allowed to wait beyond max_num_seqs before 503
+    metrics: ServerMetrics
+    api_key: str | None = None
+    max_body_bytes: int = 1 << 20
+    aliases: tuple[str, ...] = ()
+    eos_token_ids: tuple[int, ...] = ()
+    created: int = field(default_factory=lambda: int(time.time()))
+    draining: bool = False  # set on SIGTERM (serve/shutdown.py): new generation requests get 503
+
+    def __post_init__(self):
+        self.text_of = TokenText(self.tokenizer.tokenizer if self.tokenizer else None)
+
+
+def check_model(state: ServerState, name: str | None) -> None:
+    if name is not None and name != state.model_name and name not in state.aliases:
+        raise APIError(404, f"model {name!r} does not exist; this server serves {state.model_name!r}", "model")
+
+
+def encode(state: ServerState, text: str, what: str, add_special_tokens: bool = True) -> list[int]:
+    if state.tokenizer is None:
+        raise bad_request(f"this model has no tokenizer: send {what} as token ids", what)
+    return state.tokenizer.encode(check_text(text, what), add_special_tokens=add_special_tokens)
+
+
+def completion_prompts(state: ServerState, prompt: Any) -> list[list[int]]:
+    vocab = state.vocab_size
+    if isinstance(prompt, str):
+        return [token_ids(encode(state, prompt, "prompt"), "prompt", vocab)]
+    if not prompt:
+        raise bad_request("prompt is empty", "prompt")
+    if all(isinstance(p, int) for p in prompt):
+        return [token_ids(list(prompt), "prompt", vocab)]
+    # several prompts: each is a sequence, so more than the server can hold can never run
+    at_most(prompt, "prompt", state.max_num_seqs + state.max_waiting, "prompts")
+    if all(isinstance(p, str) for p in prompt):
+        return [token_ids(encode(state, p, f"prompt[{i}]"), f"prompt[{i}]", vocab) for i, p in enumerate(prompt)]
+    return [token_ids(list(p), f"prompt[{i}]", vocab) for i, p in enumerate(prompt)]
+
+
+def render_chat(state: ServerState, messages, add_generation_prompt: bool) -> str:
+    plain = []
+    for i, m in enumerate(messages):
+        if m.role not in ROLES:
+            raise bad_request(f"messages[{i}]: unknown role {m.role!r} (expected one of {', '.join(ROLES)})", f"messages[{i}].role")
+        extra = sorted(set(m.model_extra or {}))
+        if extra:
+            raise bad_request(f"messages[{i}]: unsupported field(s) {', '.join(extra)}", f"messages[{i}]")
+        content = m.content if isinstance(m.content, str) or m.content is None else [p.model_dump() for p in m.content]
+        if isinstance(content, str):
+            check_text(content, f"messages[{i}].content")
+        plain.append({"role": "system" if m.role == "developer" else m.role, "content": content})
+    if state.tokenizer is None:
+        raise bad_request("this model has no tokenizer, so no chat template: use /v1/completions with token ids")
+    try:
+        return state.tokenizer.apply_chat_template(plain, add_generation_prompt)
+    except ChatTemplateError as e:
+        raise bad_request(str(e), "messages") from None
