@@ -18,3 +18,17 @@ def server_cache(tmp_path_factory):
     """One DEEPINFER_CACHE for every server process the suite starts: the random model is written
     once, and servers with the same step shapes reuse each other's compiled programs."""
     return str(tmp_path_factory.mktemp("deepinfer-server-cache"))
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _release_compiled_programs():
+    """Drop each module's compiled XLA programs when it ends. XLA CPU maps ~900 memory regions per
+    program; a whole suite in one process otherwise reaches vm.max_map_count (65530) and LLVM fails
+    ("Cannot allocate memory", or a segfault inside compilation)."""
+    yield
+    import gc
+
+    import jax
+
+    gc.collect()
+    jax.clear_caches()

@@ -32,6 +32,17 @@ OTHERS = [
 ]
 
 
+@pytest.fixture(autouse=True)
+def _release_programs():
+    """Every test here builds engines with their own programs: free them as each test ends
+    (see conftest._release_compiled_programs)."""
+    yield
+    import gc
+
+    gc.collect()
+    jax.clear_caches()
+
+
 def _engine(cfg, params, k=0, **kw):
     spec = {"method": "mtp", "num_speculative_tokens": k} if k else None
     ec = EngineConfig(max_num_seqs=8, max_num_batched_tokens=32, max_model_len=192, speculative_config=spec, **kw)
