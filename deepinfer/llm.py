@@ -67,21 +67,21 @@ class LLM:
         (deepinfer-tiny-v4, bundled: deepinfer.default_model). ``engine_kwargs`` go to EngineConfig
         (max_num_seqs, max_num_batched_tokens, max_model_len, kv_memory_bytes, speculative_config, ...)."""
         model = default_model_dir() if model is None else model
+        config = EngineConfig(**engine_kwargs)  # bad settings are refused before anything loads
+        speculating = config.num_speculative_tokens() > 0  # the MTP block is loaded only to draft
         self.tokenizer: TextTokenizer | None = None
         if isinstance(model, ModelConfig):
             cfg = model
         elif os.path.isdir(model):
-            # the MTP block only when speculating (it drafts); refused clearly if the checkpoint lacks it
-            speculating = EngineConfig(**engine_kwargs).num_speculative_tokens() > 0
+            # refused clearly when speculating and the checkpoint lacks the MTP block
             cfg, params = load_checkpoint(model, dtype=dtype, mtp="require" if speculating else "skip")
             self.tokenizer = TextTokenizer.from_dir(model)
         else:
             cfg = ModelConfig.from_json_file(model)
         if params is None:
-            speculating = EngineConfig(**engine_kwargs).num_speculative_tokens() > 0
             params = init_params(model_spec(cfg, include_mtp=speculating), jax.random.key(seed), dtype)
         self.cfg = cfg
-        self.engine = LLMEngine(cfg, params, EngineConfig(**engine_kwargs))
+        self.engine = LLMEngine(cfg, params, config)
         if warmup:
             self.engine.warmup()
 
