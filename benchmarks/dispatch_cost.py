@@ -51,9 +51,10 @@ def step_cost(cfg, params, b: int) -> dict:
     shape = PlanShape(b, b, e.max_pages)
     ints, floats = (jnp.asarray(a) for a in pack(plan, e.pools, shape, e.layout.num_slots, e._seeds,
                                                     cfg.vocab_size, cfg.eos_token_ids))
+    bitmask = e._bitmask(plan, shape)  # all ones: nothing constrained
 
     def loop(params, state, k):
-        body = lambda i, st: paged_step(e.family, cfg, e.layout, shape, params, st, ints, floats)[1]  # noqa: E731
+        body = lambda i, st: paged_step(e.family, cfg, e.layout, shape, params, st, ints, floats, bitmask)[1]  # noqa: E731
         return jax.lax.fori_loop(0, k, body, state)
 
     looped = jax.jit(loop, static_argnums=2)
@@ -64,12 +65,12 @@ def step_cost(cfg, params, b: int) -> dict:
     t4 = min(timeit.repeat(lambda: jax.block_until_ready(looped(params, state, 4)), number=1, repeat=3))
     st = e.state
     for _ in range(2):
-        out = paged_step_jit(e.family, cfg, e.layout, shape, params, st, ints, floats)
+        out = paged_step_jit(e.family, cfg, e.layout, shape, params, st, ints, floats, bitmask)
         st = out[1]
         jax.block_until_ready(out)
     t = time.perf_counter()
     for _ in range(4):
-        out = paged_step_jit(e.family, cfg, e.layout, shape, params, st, ints, floats)
+        out = paged_step_jit(e.family, cfg, e.layout, shape, params, st, ints, floats, bitmask)
         st = out[1]
         jax.block_until_ready(out)
     per_call = (time.perf_counter() - t) / 4

@@ -20,6 +20,7 @@ import jax
 from deepinfer.config import ModelConfig
 from deepinfer.default_model import default_model_dir
 from deepinfer.engine_config import EngineConfig
+from deepinfer.grammar.backend import GrammarBackend
 from deepinfer.models.deepseek_v4 import model_spec
 from deepinfer.models.deepseek_v4.loader import load_checkpoint
 from deepinfer.params import init_params
@@ -70,18 +71,22 @@ class LLM:
         config = EngineConfig(**engine_kwargs)  # bad settings are refused before anything loads
         speculating = config.num_speculative_tokens() > 0  # the MTP block is loaded only to draft
         self.tokenizer: TextTokenizer | None = None
+        model_dir = None
         if isinstance(model, ModelConfig):
             cfg = model
         elif os.path.isdir(model):
             # refused clearly when speculating and the checkpoint lacks the MTP block
             cfg, params = load_checkpoint(model, dtype=dtype, mtp="require" if speculating else "skip")
             self.tokenizer = TextTokenizer.from_dir(model)
+            model_dir = model
         else:
             cfg = ModelConfig.from_json_file(model)
         if params is None:
             params = init_params(model_spec(cfg, include_mtp=speculating), jax.random.key(seed), dtype)
         self.cfg = cfg
-        self.engine = LLMEngine(cfg, params, config)
+        # structured outputs compile against the checkpoint's tokenizer (xgrammar loads on first use)
+        grammar = GrammarBackend(model_dir, cfg.vocab_size, cfg.eos_token_ids) if self.tokenizer is not None else None
+        self.engine = LLMEngine(cfg, params, config, grammar=grammar)
         if warmup:
             self.engine.warmup()
 

@@ -12,6 +12,11 @@ Overlap (default): ``step()`` schedules and dispatches step N+1 before it reads
 step N's tokens, so the device never waits for the host. Tokens the host does
 not know yet go in as placeholders resolved on the device from a per-slot
 buffer; results are processed one step late.
+
+Structured outputs: a request with ``SamplingParams.structured_outputs`` holds a grammar
+matcher (deepinfer/grammar/); each step the host fills the packed bitmask of the positions
+it samples and the step applies it before sampling. While such a request runs, steps are
+not overlapped (its mask needs its previous token on the host).
 """
 
 from __future__ import annotations
@@ -27,6 +32,8 @@ import numpy as np
 
 from deepinfer.config import ModelConfig
 from deepinfer.engine_config import EngineConfig, size_pools
+from deepinfer.grammar.backend import GrammarBackend, StructuredOutputsUnavailable
+from deepinfer.grammar.step_mask import RequestGrammar, bitmask_words, fill_step_bitmask
 from deepinfer.kv.paged_state import init_engine_state
 from deepinfer.models.interface import ModelFamily, PagedLayout
 from deepinfer.models.registry import family_for
@@ -70,8 +77,9 @@ class StepFailed(RuntimeError):
 
 class LLMEngine:
     def __init__(self, cfg: ModelConfig, params: dict, config: EngineConfig | None = None,
-                 family: ModelFamily | None = None):
-        """``family``: the model implementation (models/interface.py); by default the registry's for cfg."""
+                 family: ModelFamily | None = None, grammar: GrammarBackend | None = None):
+        """``family``: the model implementation (models/interface.py); by default the registry's for cfg.
+        ``grammar``: the compiler of structured outputs (needs the model's tokenizer); None: refused."""
         config = config or EngineConfig()
         if config.batch_invariant:
             check_xla(jax.default_backend())
@@ -118,6 +126,11 @@ class LLMEngine:
         self.last_host_s = 0.0
         self.host_s = 0.0  # host time of all steps so far (step() wall time minus waits on the device)
         self.step_timer = StepTimer() if config.measure_device else None
+        self.grammar = grammar
+        self.bitmask_words = bitmask_words(cfg.vocab_size)
+        self._unconstrained: dict[int, jax.Array] = {}  # row bucket -> an all-ones bitmask on the device
+        self.mask_fill_s = 0.0  # host time spent filling grammar masks (all steps)
+        self.last_mask_fill_s = 0.0
         c = self.capacity
         log.info(
             "KV capacity: %d tokens, %d requests of max_model_len %d; %d slots; pools %s; %.1f MiB",
@@ -127,7 +140,10 @@ class LLMEngine:
 
     # -- requests -----------------------------------------------------------------
 
-    def add_request(self, prompt_token_ids: list[int], sampling_params: SamplingParams | None = None, request_id: str | None = None) -> Request:
+    def add_request(self, prompt_token_ids: list[int], sampling_params: SamplingParams | None = None,
+                    request_id: str | None = None, compiled_grammar=None) -> Request:
+        """Queue a request. A structured one compiles its grammar here unless ``compiled_grammar``
+        (from ``self.grammar.compile``/``submit``, e.g. awaited off the engine thread) is given."""
         sp = sampling_params or SamplingParams()
         if sp.n != 1:
             raise ValueError(f"LLMEngine runs one sequence per request: split n={sp.n} with SamplingParams.choices()")
@@ -146,6 +162,11 @@ class LLMEngine:
         if rid in self._seeds:
             raise ValueError(f"request id {rid!r} is already in use")
         req = Request(rid, ids, sp)
+        if sp.structured_outputs is not None:
+            if self.grammar is None:
+                raise StructuredOutputsUnavailable("structured outputs need the model's tokenizer: this engine has none")
+            compiled = compiled_grammar if compiled_grammar is not None else self.grammar.compile(sp.structured_outputs)
+            req.grammar = RequestGrammar(self.grammar.matcher(compiled), sp.structured_outputs.kind)
         self.scheduler.add_request(req)
         self._seeds[rid] = sp.resolved_seed()
         req.seed = self._seeds[rid]
@@ -196,9 +217,11 @@ class LLMEngine:
         """Dispatch one step (asynchronous: returns device arrays)."""
         ints, floats = pack(plan, self.pools, shape, self.layout.num_slots, self._seeds,
                             self.cfg.vocab_size, self.cfg.eos_token_ids)
+        bitmask = self._bitmask(plan, shape)
         with CompileCounter() as counter:
             out, self.state = paged_step_jit(
-                self.family, self.cfg, self.layout, shape, self.params, self.state, jnp.asarray(ints), jnp.asarray(floats)
+                self.family, self.cfg, self.layout, shape, self.params, self.state, jnp.asarray(ints), jnp.asarray(floats),
+                bitmask,
             )
         self.num_compiles += counter.count
         self.compiled_shapes.add(shape)
@@ -213,6 +236,22 @@ class LLMEngine:
         if self.step_timer is not None:
             self.step_timer.dispatched(out.tokens)
         return out.tokens, out.logits, logprobs, prompt_logprobs, drafts
+
+    def _bitmask(self, plan: StepPlan, shape: PlanShape) -> jax.Array:
+        """The step's grammar bitmask on the device; a cached all-ones one when nothing is constrained."""
+        t0 = time.perf_counter()
+        mask = fill_step_bitmask(plan, shape.num_rows, shape.num_drafts + 1, self.bitmask_words)
+        self.last_mask_fill_s = time.perf_counter() - t0 if mask is not None else 0.0
+        self.mask_fill_s += self.last_mask_fill_s
+        if mask is not None:
+            return jnp.asarray(mask)
+        if shape.num_rows not in self._unconstrained:
+            self._unconstrained[shape.num_rows] = jnp.full(
+                (shape.num_rows, shape.num_drafts + 1, self.bitmask_words), -1, jnp.int32)
+        return self._unconstrained[shape.num_rows]
+
+    def _constrained_running(self) -> bool:
+        return any(r.grammar is not None for r in self.scheduler.running)
 
     def _process(self, plan: StepPlan, tokens: jax.Array, logits: jax.Array, logprobs, prompt_logprobs,
                  drafts) -> list[Request]:
@@ -244,6 +283,14 @@ class LLMEngine:
         if prompt_logprobs is not None:
             self._record_prompt_logprobs(plan, prompt_logprobs)
         finished = self.scheduler.update(plan, sampled)
+        for req, _ in plan.scheduled:  # the matcher follows the tokens the request kept
+            if req.grammar is None or req.request_id not in sampled:
+                continue
+            kept = [t for t in req.output_token_ids[plan.outputs[req.request_id]:] if t is not None]
+            if not req.grammar.accept(kept) and not req.is_finished:
+                req.error = "the grammar allows no token here (is every allowed token biased to -inf?)"
+                self.abort(req, "error")
+                finished.append(req)
         for req in finished:
             self._seeds.pop(req.request_id, None)
             del req.logits[len(req.output_token_ids) :]  # logits of steps run past a stop
@@ -277,19 +324,27 @@ class LLMEngine:
         t_start = time.perf_counter()
         self.updated = []
         self.last_wait_s = 0.0  # time this step() waited for device results (the rest is host time)
+        # a constrained request's mask needs its last token on the host: such steps do not overlap
+        overlap = self.overlap and not self._constrained_running()
+        finished: list[Request] = []
+        if not overlap and self._inflight is not None:
+            inflight, self._inflight = self._inflight, None
+            try:
+                finished = self._process(*inflight)
+            except Exception as exc:
+                raise StepFailed(exc, self._recover([inflight[0]], exc)) from exc
         plan = self.scheduler.schedule()
         dispatched = None
         try:
             if plan.scheduled:
                 dispatched = (plan, *self._run(plan, self._shape_for(plan)))
                 self.num_steps += 1
-            finished: list[Request] = []
-            if self.overlap:
+            if overlap:
                 if self._inflight is not None:
                     finished = self._process(*self._inflight)
                 self._inflight = dispatched
             elif dispatched is not None:
-                finished = self._process(*dispatched)
+                finished += self._process(*dispatched)
         except Exception as exc:
             plans = [plan] + ([self._inflight[0]] if self._inflight is not None else [])
             raise StepFailed(exc, self._recover(plans, exc)) from exc

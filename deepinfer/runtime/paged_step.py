@@ -21,6 +21,7 @@ from deepinfer.numerics import per_token
 from deepinfer.runtime.sampler import (
     apply_logit_bias,
     apply_penalties,
+    apply_token_bitmask,
     token_logprobs,
     verify_sample,
 )
@@ -81,6 +82,7 @@ def run_step(
     rows: RowFields,
     tables: dict,
     num_drafts: int = 0,
+    bitmask: jax.Array | None = None,
 ) -> tuple[StepOutput, EngineState]:
     """One step on typed inputs -> (outputs, new state).
 
@@ -91,6 +93,9 @@ def run_step(
     they pass verification (sampler.verify_sample: greedy rows while a draft equals the
     target's argmax, sampled rows by the rejection rule), and the family's drafter
     proposes ``num_drafts`` tokens after the last emitted one.
+    ``bitmask`` [R, num_drafts + 1, ceil(V/32)] int32 (structured outputs): the tokens each
+    (row, position) may sample, applied after logit bias and penalties and before every
+    sampling filter; None or all ones: unconstrained.
     """
     fb = flat_batch(tok, rows, tables)
     tokens = jnp.where(tok.tokens < 0, jnp.take(state.last_token, fb.slot, mode="clip"), tok.tokens)
@@ -100,7 +105,7 @@ def run_step(
     head = lambda h: family.logits(cfg, params, h)  # noqa: E731
     counts, in_prompt = update_token_stats(state.counts, state.in_prompt, rows, fb, tokens)
 
-    def sample_rows(h, r: RowFields, draft, has_draft):
+    def sample_rows(h, r: RowFields, draft, has_draft, allowed):
         """Head, logit processing, sampling (and verification of the draft there, if any) for
         (row, position) pairs independently."""
         logits = head(h)
@@ -108,6 +113,7 @@ def run_step(
         processed = apply_logit_bias(logits, r.bias_ids, r.bias_vals)
         processed = apply_penalties(processed, counts, in_prompt, slot, r.repetition_penalty,
                                     r.presence_penalty, r.frequency_penalty)
+        processed = apply_token_bitmask(processed, allowed)
         sampled, accepted = verify_sample(processed, r.length + r.n_new, r.seed, r.temperature, r.top_k, r.top_p,
                                           r.min_p, draft, has_draft)
         logprobs = token_logprobs(logits, sampled, (r.logprobs > 0) & (r.sample > 0), MAX_LOGPROBS)
@@ -125,8 +131,11 @@ def run_step(
     drafted = tokens[jnp.clip(grid + 1, 0, num_tokens - 1)]
     has_draft = j < rows.num_draft[:, None]
     tiled = cfg.batch_invariant  # rows and tokens in fixed tiles, as inside the model
+    words = -(-cfg.vocab_size // 32)
+    if bitmask is None:
+        bitmask = jnp.full((rows.slot.shape[0], width, words), -1, jnp.int32)
     sampled, ok, logits, logprobs = per_token(tiled, sample_rows, hidden[grid.reshape(-1)], grid_rows,
-                                              drafted.reshape(-1), has_draft.reshape(-1))
+                                              drafted.reshape(-1), has_draft.reshape(-1), bitmask.reshape(-1, words))
     unflat = lambda a: a.reshape(-1, width, *a.shape[1:])  # noqa: E731
     sampled, ok, logits, logprobs = unflat(sampled), unflat(ok), unflat(logits), jax.tree.map(unflat, logprobs)
     # drafts are accepted while each passes verification; the first failure emits the target's token
@@ -182,11 +191,13 @@ def paged_step(
     state: EngineState,
     ints: jax.Array,
     floats: jax.Array,
+    bitmask: jax.Array,
 ) -> tuple[StepOutput, EngineState]:
-    """The engine's step: a plan packed by scheduler.plan.pack -> (outputs, new state)."""
+    """The engine's step: a plan packed by scheduler.plan.pack (and the grammar bitmask
+    [R, num_drafts + 1, ceil(V/32)]) -> (outputs, new state)."""
     pools = tuple(name for name, _ in layout.num_pages)
     tok, rows, tables = unpack(shape, pools, ints, floats)
-    return run_step(family, cfg, layout, params, state, tok, rows, tables, shape.num_drafts)
+    return run_step(family, cfg, layout, params, state, tok, rows, tables, shape.num_drafts, bitmask)
 
 
 # One program per static (family, config, layout, plan shape); the state is updated in place.

@@ -31,6 +31,20 @@ def apply_logit_bias(logits: jax.Array, ids: jax.Array, values: jax.Array) -> ja
     return logits.astype(jnp.float32).at[rows, ids].add(values, mode="drop")
 
 
+def apply_token_bitmask(logits: jax.Array, bitmask: jax.Array) -> jax.Array:
+    """Logits [B, V] with the tokens a grammar forbids set to -inf. bitmask [B, ceil(V/32)] int32:
+    bit (v % 32) of word v // 32 set = token v allowed (xgrammar's packing). A batch whose masks
+    are all ones (no row constrained) skips the unpacking."""
+    vocab = logits.shape[-1]
+
+    def apply(_):
+        bits = (bitmask[:, :, None] >> jnp.arange(32, dtype=jnp.int32)) & 1  # [B, W, 32]
+        allowed = bits.reshape(bitmask.shape[0], -1)[:, :vocab] > 0
+        return jnp.where(allowed, logits, -jnp.inf)
+
+    return jax.lax.cond(jnp.all(bitmask == -1), lambda _: logits, apply, None)
+
+
 def apply_penalties(
     logits: jax.Array, counts: jax.Array, in_prompt: jax.Array, slots: jax.Array,
     repetition: jax.Array, presence: jax.Array, frequency: jax.Array,

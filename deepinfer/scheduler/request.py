@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
+from typing import Any
 
 from deepinfer.scheduler.sampling_params import SamplingParams
 
@@ -48,6 +49,8 @@ class Request:
     draft_confidence: list[float] = field(default_factory=list)
     num_draft_tokens: int = 0  # drafts verified so far
     num_accepted_tokens: int = 0  # of which accepted
+    # structured outputs: the request's grammar matcher (grammar/step_mask.RequestGrammar), host only
+    grammar: Any = None
 
     @property
     def num_resolved(self) -> int:

@@ -6,6 +6,8 @@ import dataclasses
 import secrets
 from dataclasses import dataclass, field
 
+from deepinfer.grammar.spec import StructuredOutputsParams
+
 MAX_LOGPROBS = 20  # alternatives per token the device computes (OpenAI's top_logprobs limit)
 MAX_N = 16
 # Per-row logit-bias slots in a step's plan: the request's logit_bias entries, plus -inf for
@@ -53,6 +55,9 @@ class SamplingParams:
     given the tokens before it, plus the k most likely alternatives.
     ``stop``: strings that end the output (matched in the detokenized text,
     across token boundaries; not included in the text).
+    ``structured_outputs``: a StructuredOutputsParams (or its dict: json / regex / choice /
+    grammar / json_object / structural_tag); the output follows it, token by token, and ends
+    only where it is complete (EOS is masked before that; max_tokens still cuts it: "length").
 
     Logits are processed on the device in this order: logit_bias (added),
     min_tokens (EOS and stop_token_ids masked until that many tokens exist),
@@ -80,8 +85,19 @@ class SamplingParams:
     logit_bias: dict[int, float] = field(default_factory=dict)
     min_tokens: int = 0
     prompt_logprobs: int | None = None
+    structured_outputs: StructuredOutputsParams | None = None
 
     def __post_init__(self):
+        if isinstance(self.structured_outputs, dict):
+            self.structured_outputs = StructuredOutputsParams.from_dict(self.structured_outputs)
+        if self.structured_outputs is not None:
+            if not isinstance(self.structured_outputs, StructuredOutputsParams):
+                raise ValueError(f"structured_outputs must be a StructuredOutputsParams or a dict, "
+                                 f"got {type(self.structured_outputs).__name__}")
+            if self.ignore_eos:
+                raise ValueError("structured_outputs cannot be combined with ignore_eos (the grammar decides where the output ends)")
+            if self.min_tokens:
+                raise ValueError("structured_outputs cannot be combined with min_tokens (the grammar decides where the output ends)")
         if isinstance(self.stop, str):
             self.stop = [self.stop]
         if not _is_int(self.n) or not 1 <= self.n <= MAX_N:
