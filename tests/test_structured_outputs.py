@@ -9,6 +9,7 @@ import json
 import re
 
 import jsonschema
+import numpy as np
 import pytest
 
 from deepinfer.default_model import default_model_dir
@@ -279,3 +280,35 @@ def test_without_xgrammar_or_a_tokenizer_requests_are_refused(bundled, monkeypat
     with pytest.raises(StructuredOutputsUnavailable, match="this engine has none"):
         engine.add_request([3, 4], SamplingParams(structured_outputs={"regex": "a"}))
     assert not engine.has_unfinished
+
+
+def _batch_invariant_check() -> None:
+    """Run in a fresh process with DEEPINFER_BATCH_INVARIANT=1 (the XLA flag must precede JAX):
+    unconstrained requests give bitwise the same tokens and logits with constrained neighbours
+    as without them, and the neighbours follow their constraints."""
+    cfg, params = load_checkpoint(default_model_dir())
+    tok = TextTokenizer.from_dir(default_model_dir())
+    bundled = (cfg, params, tok, GrammarBackend(default_model_dir(), cfg.vocab_size, cfg.eos_token_ids))
+    free = [SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True),
+            SamplingParams(temperature=0.8, seed=9, max_tokens=24, ignore_eos=True)]
+    specs = cases()[::4]
+    prompts = _prompts(tok, len(free) + len(specs))
+    alone = _run(_engine(bundled, keep_logits=True), prompts[: len(free)], free)
+    mixed = _run(_engine(bundled, keep_logits=True), prompts, free + [_sampling(i, s) for i, (s, _) in enumerate(specs)])
+    for a, m in zip(alone, mixed):
+        assert a.output_token_ids == m.output_token_ids
+        assert all(np.array_equal(x, y) for x, y in zip(a.logits, m.logits)) and len(a.logits) == len(m.logits)
+    _check_outputs(tok, mixed[len(free):], [c for _, c in specs])
+    print("BITWISE OK")
+
+
+def test_batch_invariant_mode_unconstrained_neighbours_are_bitwise_unchanged():
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "DEEPINFER_BATCH_INVARIANT": "1"}
+    code = "import deepinfer; from tests.test_structured_outputs import _batch_invariant_check as c; c()"
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    proc = subprocess.run([sys.executable, "-c", code], cwd=root, env=env, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0 and "BITWISE OK" in proc.stdout, proc.stderr[-3000:]

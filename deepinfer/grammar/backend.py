@@ -14,6 +14,7 @@ from __future__ import annotations
 import collections
 import concurrent.futures
 import json
+import logging
 import os
 import threading
 import time
@@ -23,6 +24,7 @@ from typing import Any
 from deepinfer.grammar.schema_check import unsupported_features
 from deepinfer.grammar.spec import StructuredOutputsParams
 
+log = logging.getLogger("deepinfer.grammar")
 INSTALL_HINT = "pip install 'deepinfer[structured]'"
 
 
@@ -85,6 +87,18 @@ class GrammarBackend:
                 self._compiler = xgr.GrammarCompiler(info, max_threads=1, cache_enabled=False)
                 self._xgr = xgr
         return self._compiler
+
+    def warm_in_background(self) -> None:
+        """Load xgrammar and scan the vocabulary on a thread now (seconds), not on the first request."""
+        def warm():
+            try:
+                self._ensure_compiler()
+            except StructuredOutputsUnavailable as exc:
+                log.info("structured outputs unavailable: %s", exc)
+            except Exception:  # noqa: BLE001 - the first structured request reports it
+                log.exception("loading the grammar backend failed")
+
+        threading.Thread(target=warm, name="grammar-warm", daemon=True).start()
 
     @property
     def xgrammar(self):

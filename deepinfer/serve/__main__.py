@@ -43,6 +43,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help='speculative decoding with the model\'s MTP block, vLLM\'s JSON: '
                         '\'{"method": "mtp", "num_speculative_tokens": 3}\' (1..5 drafts per decode); '
                         'or env DEEPINFER_USE_NEXTN_DECODE=k')
+    p.add_argument("--grammar-compile-timeout", type=float, default=30.0,
+                   help="seconds a structured-output grammar may take to compile; slower ones are refused with a 400")
     p.add_argument("--shutdown-timeout", type=float, default=30.0, help="seconds in-flight requests get to finish on SIGINT/SIGTERM; "
                    "then each gets an error event and [DONE]. New requests get 503 meanwhile")
     p.add_argument("--compile-cache", default=os.environ.get("DEEPINFER_COMPILE_CACHE", "auto"),
@@ -83,6 +85,7 @@ def build_state(args: argparse.Namespace):
     from deepinfer.default_model import NAME as DEFAULT_NAME
     from deepinfer.default_model import default_model_dir
     from deepinfer.engine_config import EngineConfig
+    from deepinfer.grammar.backend import GrammarBackend
     from deepinfer.models.deepseek_v4 import model_spec
     from deepinfer.models.deepseek_v4.loader import load_checkpoint
     from deepinfer.params import count_params
@@ -128,7 +131,11 @@ def build_state(args: argparse.Namespace):
         measure_device=True,  # device time and busy fraction for /metrics (one watcher thread)
         batch_invariant=args.batch_invariant, speculative_config=args.speculative_config,
     )
-    engine = LLMEngine(cfg, params, ec)
+    grammar = None
+    if tokenizer is not None:
+        grammar = GrammarBackend(model_dir, cfg.vocab_size, cfg.eos_token_ids, compile_timeout_s=args.grammar_compile_timeout)
+        grammar.warm_in_background()  # xgrammar's import and the vocabulary scan, off the first request's path
+    engine = LLMEngine(cfg, params, ec, grammar=grammar)
     if ec.batch_invariant:
         log.info("batch-invariant mode: on (XLA_FLAGS=%s)", os.environ.get("XLA_FLAGS", ""))
     if engine.num_drafts:
@@ -145,7 +152,7 @@ def build_state(args: argparse.Namespace):
         engine=AsyncEngine(engine, metrics), tokenizer=tokenizer, model_name=name, vocab_size=cfg.vocab_size,
         max_model_len=max_len, max_num_seqs=args.max_num_seqs, max_waiting=args.max_waiting, metrics=metrics,
         api_key=args.api_key, max_body_bytes=args.max_body_bytes, aliases=(model_dir,),
-        eos_token_ids=tuple(cfg.eos_token_ids),
+        eos_token_ids=tuple(cfg.eos_token_ids), grammar=grammar,
     )
 
 

@@ -60,6 +60,7 @@ class AddRequest:
     prompt_ids: list[int]
     sampling_params: SamplingParams
     stream: _Stream
+    compiled_grammar: object = None  # structured outputs: compiled by the handler, off this thread
 
 
 @dataclass(frozen=True)
@@ -100,13 +101,13 @@ class AsyncEngine:
     def alive(self) -> bool:
         return self._thread is not None and self._thread.is_alive()
 
-    async def generate(self, request_id: str, prompt_ids: list[int], sp: SamplingParams):
+    async def generate(self, request_id: str, prompt_ids: list[int], sp: SamplingParams, compiled_grammar=None):
         """Yield Updates for one sequence until it finishes. Leaving early (client gone,
         stop string) aborts it in the engine, which frees its pages at once."""
         loop = asyncio.get_running_loop()
         stream = _Stream(loop, asyncio.Queue())
         self.in_system += 1
-        self._send(AddRequest(request_id, prompt_ids, sp, stream))
+        self._send(AddRequest(request_id, prompt_ids, sp, stream, compiled_grammar))
         done = False
         try:
             while not done:
@@ -159,6 +160,8 @@ class AsyncEngine:
             self.metrics.step_host_time.observe(engine.last_host_s)
             self.metrics.step_wait_time.observe(engine.last_wait_s)
             self.metrics.num_steps.inc()
+            if engine.last_mask_fill_s:
+                self.metrics.mask_fill_time.observe(engine.last_mask_fill_s)
         self._push_updates()
         self._refresh()
         return False
@@ -188,7 +191,8 @@ class AsyncEngine:
             if isinstance(cmd, AddRequest):
                 stream = cmd.stream
                 try:
-                    stream.req = self.engine.add_request(cmd.prompt_ids, cmd.sampling_params, request_id=cmd.request_id)
+                    stream.req = self.engine.add_request(cmd.prompt_ids, cmd.sampling_params, request_id=cmd.request_id,
+                                                         compiled_grammar=cmd.compiled_grammar)
                 except Exception as e:  # the handlers validate first; this is the last line
                     stream.push(Update([], [], None, f"{type(e).__name__}: {e}", time.monotonic()))
                     continue

@@ -58,6 +58,11 @@ class ServerMetrics:
         self.step_host_time = hist("step_host_seconds", "Host time per engine step (schedule, pack, dispatch, process).", _STEP_BUCKETS)
         self.step_wait_time = hist("step_wait_seconds", "Per step, time the host waited for device results.", _STEP_BUCKETS)
         self.num_steps = counter("engine_steps", "Engine steps run.")
+        self.grammar_compile_time = hist("grammar_compile_seconds", "Compile time of structured-output grammars "
+                                         "(cache misses).", _STEP_BUCKETS + (5.0, 10.0, 30.0))
+        self.grammar_cache_hits = counter("grammar_cache_hits", "Structured-output requests whose grammar was cached.")
+        self.mask_fill_time = hist("grammar_mask_fill_seconds", "Per step with constrained rows, host time filling "
+                                   "their token bitmasks.", _STEP_BUCKETS)
         self.device_busy_fraction = gauge("device_busy_fraction", "Device busy time / wall time over the last 256 steps.")
         self.step_device_time = gauge("step_device_seconds_mean", "Mean device time per step over the last 256 steps.")
 

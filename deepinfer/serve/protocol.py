@@ -13,22 +13,16 @@ from pydantic import BaseModel, ConfigDict, Field, StrictInt
 
 from deepinfer.scheduler.sampling_params import SamplingParams
 from deepinfer.serve.errors import bad_request
+from deepinfer.serve.structured import structured_spec
 
 # field -> the value that means "off" (accepted), for fields not implemented yet
 NOT_YET = {
     "best_of": 1, "echo": False, "suffix": None,
-    "response_format": None, "guided_json": None, "guided_regex": None, "guided_grammar": None,
-    "guided_choice": None, "tools": None, "tool_choice": "none", "functions": None, "function_call": None,
+    "tools": None, "tool_choice": "none", "functions": None, "function_call": None,
     "parallel_tool_calls": None, "audio": None, "modalities": None, "prediction": None,
     "reasoning_effort": None, "web_search_options": None, "service_tier": None, "store": None, "metadata": None,
 }
-_REASON = {
-    "response_format": "structured output arrives with its own issue",
-    "guided_json": "structured output arrives with its own issue",
-    "guided_regex": "structured output arrives with its own issue",
-    "guided_grammar": "structured output arrives with its own issue",
-    "guided_choice": "structured output arrives with its own issue",
-}
+_REASON: dict[str, str] = {}
 
 
 def check_not_yet(raw: dict[str, Any]) -> None:
@@ -36,8 +30,6 @@ def check_not_yet(raw: dict[str, Any]) -> None:
     bad = []
     for key, neutral in NOT_YET.items():
         if key not in raw or raw[key] is None or raw[key] == neutral:
-            continue
-        if key == "response_format" and isinstance(raw[key], dict) and raw[key].get("type") == "text":
             continue
         if key == "best_of" and raw[key] == raw.get("n", 1):
             continue
@@ -79,6 +71,14 @@ class _Sampling(_Strict):
     prompt_logprobs: int | None = None
     # accepted so the neutral value passes; anything else is refused by check_not_yet
     best_of: int | None = None
+    # output constraints (serve/structured.py reads them into one StructuredOutputsParams)
+    response_format: dict[str, Any] | None = None
+    structured_outputs: dict[str, Any] | None = None
+    guided_json: dict[str, Any] | str | None = None
+    guided_regex: str | None = None
+    guided_choice: list[str] | None = None
+    guided_grammar: str | None = None
+    guided_decoding_backend: str | None = None
 
     def sampling_params(self, max_tokens: int, logprobs: int | None) -> SamplingParams:
         stop = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
@@ -108,6 +108,7 @@ class _Sampling(_Strict):
                 logit_bias=bias,
                 min_tokens=self.min_tokens or 0,
                 prompt_logprobs=self.prompt_logprobs,
+                structured_outputs=structured_spec(self),
             )
         except ValueError as e:
             raise bad_request(str(e), str(e).split(" ", 1)[0]) from None
@@ -141,7 +142,6 @@ class ChatCompletionRequest(_Sampling):
     logprobs: bool = False
     top_logprobs: int | None = None
     add_generation_prompt: bool = True
-    response_format: dict[str, Any] | None = None
     tools: list[Any] | None = None
     tool_choice: Any = None
     functions: list[Any] | None = None

@@ -53,6 +53,7 @@ from deepinfer.serve.streaming import (
     stream_chat,
     stream_completion,
 )
+from deepinfer.serve.structured import compile_grammar, constraint_field
 
 
 async def health(request: Request):
@@ -142,7 +143,8 @@ async def completions(request: Request):
     sps = [req.sampling_params(m, req.logprobs) for m in max_tokens]
     for sp in sps:
         check_sampling(state, sp)
-    seqs = sequences(rid, prompts, sps)
+    grammar = await compile_grammar(state, sps[0].structured_outputs, constraint_field(req))
+    seqs = sequences(rid, prompts, sps, [grammar] * len(sps))
     check_room(state, len(seqs), "n" if req.n > 1 else "prompt")
     n_prompt = sum(len(p) for p in prompts)
     if req.stream:
@@ -180,7 +182,8 @@ async def chat_completions(request: Request):
     logprobs = (req.top_logprobs or 0) if req.logprobs else None
     sp = req.sampling_params(max_tokens, logprobs)
     check_sampling(state, sp)
-    seqs = sequences(rid, [prompt], [sp])
+    grammar = await compile_grammar(state, sp.structured_outputs, constraint_field(req))
+    seqs = sequences(rid, [prompt], [sp], [grammar])
     check_room(state, len(seqs), "n")
     if req.stream:
         return event_stream(rid, stream_chat(state, rid, seqs, arrival, len(prompt), include_usage(req),

@@ -32,6 +32,7 @@ class ServerState:
     aliases: tuple[str, ...] = ()
     eos_token_ids: tuple[int, ...] = ()
     created: int = field(default_factory=lambda: int(time.time()))
+    grammar: Any = None  # grammar/backend.GrammarBackend: structured outputs (None: no tokenizer)
     draining: bool = False  # set on SIGTERM (serve/shutdown.py): new generation requests get 503
 
     def __post_init__(self):

@@ -38,14 +38,16 @@ class Sequence:
     request_id: str
     prompt_ids: list[int]
     sp: SamplingParams
+    grammar: object = None  # the compiled grammar of a structured request (shared by its choices)
 
 
-def sequences(prefix: str, prompts: list[list[int]], sps: list[SamplingParams]) -> list[Sequence]:
+def sequences(prefix: str, prompts: list[list[int]], sps: list[SamplingParams], grammars=None) -> list[Sequence]:
     """One engine sequence per (prompt, choice); prompt i's choices get indices i*n .. i*n + n - 1."""
     out = []
-    for i, (ids, sp) in enumerate(zip(prompts, sps)):
+    grammars = grammars or [None] * len(prompts)
+    for i, (ids, sp, grammar) in enumerate(zip(prompts, sps, grammars)):
         for j, choice in enumerate(sp.choices()):
-            out.append(Sequence(i * sp.n + j, f"{prefix}-{i}-{j}", ids, choice))
+            out.append(Sequence(i * sp.n + j, f"{prefix}-{i}-{j}", ids, choice, grammar))
     return out
 
 
@@ -65,7 +67,7 @@ async def run(
             choice = ChoiceOutput(seq.index, seq.sp, tok)
             if choices is not None:
                 choices[seq.index] = choice
-            gen = state.engine.generate(seq.request_id, seq.prompt_ids, seq.sp)
+            gen = state.engine.generate(seq.request_id, seq.prompt_ids, seq.sp, seq.grammar)
             m.prompt_tokens.inc(len(seq.prompt_ids))
             async for upd in gen:
                 if upd.error is not None:

@@ -1,0 +1,116 @@
+"""Structured outputs through the real server on the bundled model, driven by the openai client:
+``parse()`` with a pydantic model, response_format json_schema / json_object, vLLM's
+structured_outputs and guided_* fields (streaming and not), n > 1, and bad constraints as
+400s that leave the server serving."""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Literal
+
+import httpx
+import jsonschema
+import openai
+import pytest
+from pydantic import BaseModel, Field
+
+from tests.server_process import ServerProcess
+
+pytest.importorskip("xgrammar")
+
+MODEL = "deepinfer-tiny-v4"
+ARGS = ["--max-num-seqs", "4", "--max-num-batched-tokens", "64", "--max-model-len", "512"]
+
+
+@pytest.fixture(scope="module")
+def server(server_cache, tmp_path_factory):
+    srv = ServerProcess(ARGS, server_cache, str(tmp_path_factory.mktemp("log") / "server.log"))
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return openai.OpenAI(base_url=server.base + "/v1", api_key="unused", max_retries=0, timeout=120)
+
+
+class Person(BaseModel):
+    name: str = Field(max_length=12)
+    age: int = Field(ge=0, le=120)
+    mood: Literal["happy", "sad"]
+
+
+def _chat(content="Describe someone, please."):
+    return [{"role": "user", "content": content}]
+
+
+def test_parse_with_a_pydantic_model(client):
+    r = client.chat.completions.parse(model=MODEL, messages=_chat(), response_format=Person, max_tokens=120,
+                                      temperature=0)
+    person = r.choices[0].message.parsed
+    assert isinstance(person, Person) and r.choices[0].finish_reason == "stop"
+    assert Person.model_validate_json(r.choices[0].message.content) == person
+
+
+def test_response_format_json_schema_and_json_object(client):
+    schema = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 10},
+                                               "rank": {"type": "integer", "minimum": 1, "maximum": 9}},
+              "required": ["city", "rank"], "additionalProperties": False}
+    fmt = {"type": "json_schema", "json_schema": {"name": "place", "schema": schema, "strict": True}}
+    r = client.chat.completions.create(model=MODEL, messages=_chat(), response_format=fmt, max_tokens=120, n=2,
+                                       temperature=0.9, seed=4)
+    for choice in r.choices:
+        jsonschema.validate(json.loads(choice.message.content), schema)
+    r = client.chat.completions.create(model=MODEL, messages=_chat("hi"), response_format={"type": "json_object"},
+                                       max_tokens=200, temperature=0)
+    assert isinstance(json.loads(r.choices[0].message.content), dict)
+
+
+def test_vllm_fields_on_completions_streaming_and_not(client):
+    r = client.completions.create(model=MODEL, prompt="Code:", max_tokens=30, temperature=0,
+                                  extra_body={"guided_regex": "[A-Z]{2}-[0-9]{3}"})
+    assert re.fullmatch("[A-Z]{2}-[0-9]{3}", r.choices[0].text) and r.choices[0].finish_reason == "stop"
+    chunks = client.completions.create(model=MODEL, prompt="Pick:", max_tokens=30, temperature=0, stream=True,
+                                       extra_body={"structured_outputs": {"choice": ["left", "right", "straight on"]}})
+    assert "".join(c.choices[0].text for c in chunks) in ("left", "right", "straight on")
+    stream = client.chat.completions.create(model=MODEL, messages=_chat(), max_tokens=120, temperature=0, stream=True,
+                                            extra_body={"guided_json": Person.model_json_schema()})
+    Person.model_validate_json("".join(c.choices[0].delta.content or "" for c in stream if c.choices))
+    r = client.chat.completions.create(model=MODEL, messages=_chat(), max_tokens=40, temperature=0,
+                                       extra_body={"guided_grammar": 'root ::= "(" [0-9]+ ")"'})
+    assert re.fullmatch(r"\([0-9]+\)", r.choices[0].message.content)
+
+
+@pytest.mark.parametrize("body, message", [
+    ({"guided_regex": "(a"}, "invalid regex constraint: Regex parsing error at position 3"),
+    ({"guided_json": {"type": "string", "format": "iri"}}, "'format': 'iri' at #"),
+    ({"guided_json": {"type": "array", "uniqueItems": True}}, "'uniqueItems' (unique array items) at #"),
+    ({"guided_grammar": "root ::= nothing"}, 'Rule "nothing" is not defined'),
+    ({"guided_regex": "a", "guided_choice": ["b"]}, "send one output constraint, got guided_regex, guided_choice"),
+    ({"structured_outputs": {"jsn": {}}}, "structured_outputs: unknown keys ['jsn']"),
+    ({"response_format": {"type": "yaml"}}, "response_format.type must be 'text', 'json_object', 'json_schema'"),
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x"}}}, "response_format json_schema needs"),
+    ({"guided_regex": "a", "ignore_eos": True}, "cannot be combined with ignore_eos"),
+    ({"guided_decoding_backend": "outlines", "guided_regex": "a"}, "guided_decoding_backend must be 'xgrammar'"),
+])
+def test_bad_constraints_are_400s_naming_the_problem(server, client, body, message):
+    r = httpx.post(server.base + "/v1/completions", json={"model": MODEL, "prompt": "x", "max_tokens": 4, **body},
+                   timeout=60)
+    assert r.status_code == 400, r.text
+    assert message in r.json()["error"]["message"]
+    # the server goes on serving
+    ok = client.completions.create(model=MODEL, prompt="x", max_tokens=3, temperature=0,
+                                   extra_body={"guided_regex": "[0-9]{3}"})
+    assert re.fullmatch("[0-9]{3}", ok.choices[0].text)
+
+
+def test_a_constraint_cut_by_max_tokens_ends_with_length_and_metrics_move(server, client):
+    r = client.completions.create(model=MODEL, prompt="x", max_tokens=5, temperature=0,
+                                  extra_body={"guided_regex": "[0-9]{50}"})
+    assert r.choices[0].finish_reason == "length" and re.fullmatch("[0-9]+", r.choices[0].text)
+    text = httpx.get(server.base + "/metrics", timeout=30).text
+    values = {line.split(" ")[0]: float(line.split(" ")[1]) for line in text.splitlines() if line and line[0] != "#"}
+    assert values['deepinfer:grammar_compile_seconds_count{model_name="deepinfer-tiny-v4"}'] >= 5
+    assert values['deepinfer:grammar_cache_hits_total{model_name="deepinfer-tiny-v4"}'] >= 1
+    assert values['deepinfer:grammar_mask_fill_seconds_count{model_name="deepinfer-tiny-v4"}'] > 10
