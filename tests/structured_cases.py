@@ -55,7 +55,8 @@ SCHEMAS = [
     {"type": "object", "properties": {"day": {"type": "string", "format": "date"}}, "required": ["day"]},
     {"type": "object", "properties": {"extra": {"type": "object", "additionalProperties": {"type": "integer", "minimum": 0,
                                                                                           "maximum": 9},
-                                                "maxProperties": 2}}, "required": ["extra"]},
+                                                "propertyNames": {"pattern": "^[a-z]{1,4}$"}, "maxProperties": 2}},
+     "required": ["extra"]},
 ]
 
 REGEXES = [r"[0-9]{3}-[a-z]{2,4}", r"(cat|dog|bird)s?", r"[A-Z][a-z]{1,6} [0-9]{1,2}", r"0x[0-9a-f]{4}"]

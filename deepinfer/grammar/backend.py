@@ -80,9 +80,21 @@ class GrammarBackend:
                 xgr = import_xgrammar()
                 from transformers import PreTrainedTokenizerFast
 
-                tokenizer = PreTrainedTokenizerFast(tokenizer_file=os.path.join(self.tokenizer_dir, "tokenizer.json"))
-                info = xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=self.vocab_size,
-                                                          stop_token_ids=list(self.stop_token_ids))
+                path = os.path.join(self.tokenizer_dir, "tokenizer.json")
+                tokenizer = PreTrainedTokenizerFast(tokenizer_file=path)
+                detected = xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=self.vocab_size,
+                                                              stop_token_ids=list(self.stop_token_ids))
+                # Special tokens (<｜User｜>, ...) are text to xgrammar unless their entry is empty: blank
+                # them, so no grammar ever lets one into a string (the stop tokens are kept apart by id).
+                with open(path, encoding="utf-8") as f:
+                    special = {t["id"] for t in json.load(f).get("added_tokens", []) if t.get("special")}
+                encoded = [""] * self.vocab_size
+                for token, idx in tokenizer.get_vocab().items():
+                    if idx < self.vocab_size and idx not in special:
+                        encoded[idx] = token
+                info = xgr.TokenizerInfo(encoded, detected.vocab_type, vocab_size=self.vocab_size,
+                                         stop_token_ids=list(self.stop_token_ids),
+                                         add_prefix_space=detected.add_prefix_space)
                 # our cache, not xgrammar's: it is bounded in bytes and counts its hits
                 self._compiler = xgr.GrammarCompiler(info, max_threads=1, cache_enabled=False)
                 self._xgr = xgr
