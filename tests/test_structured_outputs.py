@@ -303,10 +303,17 @@ def _batch_invariant_check() -> None:
         assert a.output_token_ids == m.output_token_ids
         assert all(np.array_equal(x, y) for x, y in zip(a.logits, m.logits)) and len(a.logits) == len(m.logits)
     _check_outputs(tok, mixed[len(free):], [c for _, c in specs])
+    # overlapped, constrained steps run as two programs (model half, then sampling half once the
+    # masks are filled); without overlap as one: the same bits either way
+    fused = _run(_engine(bundled, keep_logits=True, overlap=False), prompts,
+                 free + [_sampling(i, s) for i, (s, _) in enumerate(specs)])
+    for a, m in zip(fused, mixed):
+        assert a.output_token_ids == m.output_token_ids and all(np.array_equal(x, y) for x, y in zip(a.logits, m.logits))
     print("BITWISE OK")
 
 
 def test_batch_invariant_mode_unconstrained_neighbours_are_bitwise_unchanged():
+    """And the split (overlapped) constrained step gives the fused step's bits."""
     import os
     import subprocess
     import sys

@@ -15,8 +15,10 @@ buffer; results are processed one step late.
 
 Structured outputs: a request with ``SamplingParams.structured_outputs`` holds a grammar
 matcher (deepinfer/grammar/); each step the host fills the packed bitmask of the positions
-it samples and the step applies it before sampling. While such a request runs, steps are
-not overlapped (its mask needs its previous token on the host).
+it samples and the step applies it before sampling. With overlap, a step with constrained
+rows runs as two programs: the model half is dispatched first, the host reads step N and
+fills the masks (they need step N's tokens) while it runs, then dispatches the sampling
+half; steps without constrained rows stay one program.
 """
 
 from __future__ import annotations
@@ -40,7 +42,11 @@ from deepinfer.models.registry import family_for
 from deepinfer.runtime import recovery
 from deepinfer.runtime.batch_invariance import check_xla
 from deepinfer.runtime.compile_guard import CompileCounter
-from deepinfer.runtime.paged_step import paged_step_jit
+from deepinfer.runtime.paged_step import (
+    paged_forward_jit,
+    paged_sample_jit,
+    paged_step_jit,
+)
 from deepinfer.runtime.step_timer import StepTimer
 from deepinfer.scheduler.plan import PlanShape, pack, pick_bucket
 from deepinfer.scheduler.request import Request
@@ -215,14 +221,34 @@ class LLMEngine:
 
     def _run(self, plan: StepPlan, shape: PlanShape):
         """Dispatch one step (asynchronous: returns device arrays)."""
+        return self._run_sample(plan, shape, self._run_forward(plan, shape, fused=True))
+
+    def _run_forward(self, plan: StepPlan, shape: PlanShape, fused: bool = False):
+        """Pack the plan and, unless ``fused``, dispatch the model half of its step (structured
+        outputs with overlap: the grammar masks are filled while it runs). Returns what
+        ``_run_sample`` needs."""
         ints, floats = pack(plan, self.pools, shape, self.layout.num_slots, self._seeds,
                             self.cfg.vocab_size, self.cfg.eos_token_ids)
+        ints, floats = jnp.asarray(ints), jnp.asarray(floats)
+        if fused:
+            return ints, floats, None
+        with CompileCounter() as counter:
+            fwd, self.state = paged_forward_jit(self.family, self.cfg, self.layout, shape, self.params, self.state,
+                                                ints, floats)
+        self.num_compiles += counter.count
+        return ints, floats, fwd
+
+    def _run_sample(self, plan: StepPlan, shape: PlanShape, pending):
+        """Fill the plan's grammar masks and dispatch the (rest of the) step."""
+        ints, floats, fwd = pending
         bitmask = self._bitmask(plan, shape)
         with CompileCounter() as counter:
-            out, self.state = paged_step_jit(
-                self.family, self.cfg, self.layout, shape, self.params, self.state, jnp.asarray(ints), jnp.asarray(floats),
-                bitmask,
-            )
+            if fwd is None:
+                out, self.state = paged_step_jit(self.family, self.cfg, self.layout, shape, self.params, self.state,
+                                                 ints, floats, bitmask)
+            else:
+                out, self.state = paged_sample_jit(self.family, self.cfg, self.layout, shape, self.params, self.state,
+                                                   fwd, ints, floats, bitmask)
         self.num_compiles += counter.count
         self.compiled_shapes.add(shape)
         wants_lp = any(r.sampling_params.logprobs is not None for r, _ in plan.scheduled)
@@ -250,8 +276,9 @@ class LLMEngine:
                 (shape.num_rows, shape.num_drafts + 1, self.bitmask_words), -1, jnp.int32)
         return self._unconstrained[shape.num_rows]
 
-    def _constrained_running(self) -> bool:
-        return any(r.grammar is not None for r in self.scheduler.running)
+    @staticmethod
+    def _masks_needed(plan: StepPlan) -> bool:
+        return any(r.grammar is not None and plan.samples(r) for r, _ in plan.scheduled)
 
     def _process(self, plan: StepPlan, tokens: jax.Array, logits: jax.Array, logprobs, prompt_logprobs,
                  drafts) -> list[Request]:
@@ -324,29 +351,33 @@ class LLMEngine:
         t_start = time.perf_counter()
         self.updated = []
         self.last_wait_s = 0.0  # time this step() waited for device results (the rest is host time)
-        # a constrained request's mask needs its last token on the host: such steps do not overlap
-        overlap = self.overlap and not self._constrained_running()
-        finished: list[Request] = []
-        if not overlap and self._inflight is not None:
-            inflight, self._inflight = self._inflight, None
-            try:
-                finished = self._process(*inflight)
-            except Exception as exc:
-                raise StepFailed(exc, self._recover([inflight[0]], exc)) from exc
         plan = self.scheduler.schedule()
         dispatched = None
+        finished: list[Request] = []
+        prev = self._inflight
         try:
-            if plan.scheduled:
-                dispatched = (plan, *self._run(plan, self._shape_for(plan)))
+            if self.overlap and self._masks_needed(plan):
+                # the model half runs while step N is read and this step's grammar masks are filled
+                # (they need step N's tokens); only the sampling half waits for them
+                shape = self._shape_for(plan)
+                pending = self._run_forward(plan, shape)
                 self.num_steps += 1
-            if overlap:
-                if self._inflight is not None:
-                    finished = self._process(*self._inflight)
-                self._inflight = dispatched
-            elif dispatched is not None:
-                finished += self._process(*dispatched)
+                self._inflight = None
+                if prev is not None:
+                    finished = self._process(*prev)
+                self._inflight = (plan, *self._run_sample(plan, shape, pending))
+            else:
+                if plan.scheduled:
+                    dispatched = (plan, *self._run(plan, self._shape_for(plan)))
+                    self.num_steps += 1
+                if self.overlap:
+                    if self._inflight is not None:
+                        finished = self._process(*self._inflight)
+                    self._inflight = dispatched
+                elif dispatched is not None:
+                    finished = self._process(*dispatched)
         except Exception as exc:
-            plans = [plan] + ([self._inflight[0]] if self._inflight is not None else [])
+            plans = [plan] + ([prev[0]] if prev is not None else [])
             raise StepFailed(exc, self._recover(plans, exc)) from exc
         self.last_host_s = time.perf_counter() - t_start - self.last_wait_s
         self.host_s += self.last_host_s
@@ -365,10 +396,13 @@ class LLMEngine:
                 if r <= t]
 
     def warmup(self, progress=None) -> int:
-        """Compile the step for every bucket shape (``progress(1)`` after each). Returns the number of programs."""
+        """Compile the step for every bucket shape (``progress(1)`` after each), and its two halves
+        when structured outputs can run overlapped. Returns the number of step shapes."""
         costs = {}
         for shape in self.bucket_shapes():
             self._run(StepPlan(), shape)
+            if self.grammar is not None and self.overlap:  # the two halves of a constrained step
+                self._run_sample(StepPlan(), shape, self._run_forward(StepPlan(), shape))
             if self.num_drafts and self.config.mtp_varlen:  # the step-cost model of confidence scheduling
                 costs[(shape.num_tokens, shape.num_rows)] = self._time_step(shape)
             if progress is not None:

@@ -72,6 +72,33 @@ def update_token_stats(counts, in_prompt, rows: RowFields, fb: FlatBatch, tokens
     return counts, in_prompt
 
 
+class Forwarded(NamedTuple):
+    """The model half of a step, handed to the sampling half (on the device)."""
+
+    hidden: jax.Array  # [T, D]: the model's output streams at every token
+    tokens: jax.Array  # [T] int32: the input tokens with placeholders resolved
+    prompt_logprobs: Logprobs  # per token: of the next prompt token (zeros unless asked)
+
+
+def forward_half(
+    family: ModelFamily, cfg: ModelConfig, layout: PagedLayout, params: dict, state: EngineState,
+    tok: TokenFields, rows: RowFields, tables: dict,
+) -> tuple[Forwarded, EngineState]:
+    """The part of a step that needs no grammar mask: the paged forward, the penalty statistics,
+    prompt logprobs. ``sample_half`` finishes the step; ``run_step`` is the two in one program."""
+    fb = flat_batch(tok, rows, tables)
+    tokens = jnp.where(tok.tokens < 0, jnp.take(state.last_token, fb.slot, mode="clip"), tok.tokens)
+    hidden, model_state = family.paged_forward(cfg, params, state.model, tokens, fb, layout.page_size)
+    counts, in_prompt = update_token_stats(state.counts, state.in_prompt, rows, fb, tokens)
+    # prompt logprobs: the lm head at every token whose next prompt token is wanted (skipped otherwise)
+    head = lambda h: family.logits(cfg, params, h)  # noqa: E731
+    prompt_lp = per_token(
+        cfg.batch_invariant, lambda h, nxt: Logprobs(*token_logprobs(h, nxt, nxt >= 0, MAX_LOGPROBS, head)), hidden,
+        tok.next_prompt_token,
+    )
+    return Forwarded(hidden, tokens, prompt_lp), EngineState(model_state, state.last_token, counts, in_prompt)
+
+
 def run_step(
     family: ModelFamily,
     cfg: ModelConfig,
@@ -97,13 +124,22 @@ def run_step(
     (row, position) may sample, applied after logit bias and penalties and before every
     sampling filter; None or all ones: unconstrained.
     """
+    fwd, state = forward_half(family, cfg, layout, params, state, tok, rows, tables)
+    return sample_half(family, cfg, layout, params, state, fwd, tok, rows, tables, num_drafts, bitmask)
+
+
+def sample_half(
+    family: ModelFamily, cfg: ModelConfig, layout: PagedLayout, params: dict, state: EngineState, fwd: Forwarded,
+    tok: TokenFields, rows: RowFields, tables: dict, num_drafts: int = 0, bitmask: jax.Array | None = None,
+) -> tuple[StepOutput, EngineState]:
+    """The rest of a step after ``forward_half``: the head, logit processing, the mask, sampling
+    and verification, the drafter, the per-slot last token."""
     fb = flat_batch(tok, rows, tables)
-    tokens = jnp.where(tok.tokens < 0, jnp.take(state.last_token, fb.slot, mode="clip"), tok.tokens)
-    hidden, model_state = family.paged_forward(cfg, params, state.model, tokens, fb, layout.page_size)
+    hidden, tokens, model_state = fwd.hidden, fwd.tokens, state.model
+    counts, in_prompt = state.counts, state.in_prompt
     num_tokens, width = tok.tokens.shape[0], num_drafts + 1
     last = jnp.clip(rows.start + rows.n_new - 1, 0, num_tokens - 1)
     head = lambda h: family.logits(cfg, params, h)  # noqa: E731
-    counts, in_prompt = update_token_stats(state.counts, state.in_prompt, rows, fb, tokens)
 
     def sample_rows(h, r: RowFields, draft, has_draft, allowed):
         """Head, logit processing, sampling (and verification of the draft there, if any) for
@@ -147,11 +183,6 @@ def run_step(
     rejected = samples[:, None] & (j >= accepted[:, None] + 1) & (j <= rows.num_draft[:, None])
     uncount = jnp.where(rejected, jnp.minimum(rows.slot, counts.shape[0])[:, None], counts.shape[0])
     counts = counts.at[uncount, tokens[grid]].add(-1, mode="drop")
-    # prompt logprobs: the lm head at every token whose next prompt token is wanted (skipped otherwise)
-    prompt_lp = per_token(
-        tiled, lambda h, nxt: Logprobs(*token_logprobs(h, nxt, nxt >= 0, MAX_LOGPROBS, head)), hidden,
-        tok.next_prompt_token,
-    )
     drafts = jnp.zeros((rows.slot.shape[0], 0), jnp.int32)
     confidence = jnp.zeros((rows.slot.shape[0], 0), jnp.float32)
     if num_drafts:
@@ -165,7 +196,7 @@ def run_step(
         counts=counts,
         in_prompt=in_prompt,
     )
-    return StepOutput(sampled, num_emitted, logits, logprobs, prompt_lp, drafts, confidence), new_state
+    return StepOutput(sampled, num_emitted, logits, logprobs, fwd.prompt_logprobs, drafts, confidence), new_state
 
 
 def _next_tokens(tok: TokenFields, fb: FlatBatch, tokens, grid, sampled, accepted, samples, num_draft) -> jax.Array:
@@ -200,5 +231,22 @@ def paged_step(
     return run_step(family, cfg, layout, params, state, tok, rows, tables, shape.num_drafts, bitmask)
 
 
+def paged_forward_step(family, cfg, layout, shape: PlanShape, params, state, ints, floats):
+    """The model half of the engine's step (structured outputs with overlap: the host fills the
+    grammar mask while this runs, then dispatches ``paged_sample_step``)."""
+    pools = tuple(name for name, _ in layout.num_pages)
+    tok, rows, tables = unpack(shape, pools, ints, floats)
+    return forward_half(family, cfg, layout, params, state, tok, rows, tables)
+
+
+def paged_sample_step(family, cfg, layout, shape: PlanShape, params, state, fwd: Forwarded, ints, floats, bitmask):
+    """The sampling half of the engine's step, after ``paged_forward_step``."""
+    pools = tuple(name for name, _ in layout.num_pages)
+    tok, rows, tables = unpack(shape, pools, ints, floats)
+    return sample_half(family, cfg, layout, params, state, fwd, tok, rows, tables, shape.num_drafts, bitmask)
+
+
 # One program per static (family, config, layout, plan shape); the state is updated in place.
 paged_step_jit = jax.jit(paged_step, static_argnums=(0, 1, 2, 3), donate_argnums=(5,))
+paged_forward_jit = jax.jit(paged_forward_step, static_argnums=(0, 1, 2, 3), donate_argnums=(5,))
+paged_sample_jit = jax.jit(paged_sample_step, static_argnums=(0, 1, 2, 3), donate_argnums=(5,))
