@@ -17,13 +17,17 @@ NAME = "deepinfer-tiny-v4"
 BOS, EOS, USER, ASSISTANT = "<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>", "<｜User｜>", "<｜Assistant｜>"
 SPECIAL_TOKENS = (BOS, EOS, USER, ASSISTANT)
 
-# DeepSeek's chat layout: BOS, system text, then <｜User｜>...<｜Assistant｜>... turns.
+# DeepSeek's chat layout: BOS, system text, then <｜User｜>...<｜Assistant｜>... turns. Tools (DeepSeek-V4's
+# DSML format, deepinfer/text/tool_format.py) arrive pre-rendered: ``tools_prompt`` after BOS, an
+# assistant turn's ``tool_calls_text`` after its content, tool results as a user turn (role "tool").
 CHAT_TEMPLATE = (
-    "{{ bos_token }}"
+    "{{ bos_token }}{{ tools_prompt or '' }}"
     "{%- for message in messages %}"
     "{%- if message['role'] == 'system' %}{{ message['content'] }}"
     "{%- elif message['role'] == 'user' %}{{ '<｜User｜>' + message['content'] }}"
-    "{%- elif message['role'] == 'assistant' %}{{ '<｜Assistant｜>' + message['content'] + eos_token }}"
+    "{%- elif message['role'] == 'tool' %}{{ '<｜User｜>' + message['content'] }}"
+    "{%- elif message['role'] == 'assistant' %}"
+    "{{ '<｜Assistant｜>' + message['content'] + (message['tool_calls_text'] or '') + eos_token }}"
     "{%- endif %}"
     "{%- endfor %}"
     "{%- if add_generation_prompt %}{{ '<｜Assistant｜>' }}{%- endif %}"

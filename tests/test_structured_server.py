@@ -20,7 +20,7 @@ from tests.server_process import ServerProcess
 pytest.importorskip("xgrammar")
 
 MODEL = "deepinfer-tiny-v4"
-ARGS = ["--max-num-seqs", "4", "--max-num-batched-tokens", "64", "--max-model-len", "512"]
+ARGS = ["--max-num-seqs", "4", "--max-num-batched-tokens", "64", "--max-model-len", "1024"]
 
 
 @pytest.fixture(scope="module")
@@ -114,3 +114,73 @@ def test_a_constraint_cut_by_max_tokens_ends_with_length_and_metrics_move(server
     assert values['deepinfer:grammar_compile_seconds_count{model_name="deepinfer-tiny-v4"}'] >= 5
     assert values['deepinfer:grammar_cache_hits_total{model_name="deepinfer-tiny-v4"}'] >= 1
     assert values['deepinfer:grammar_mask_fill_seconds_count{model_name="deepinfer-tiny-v4"}'] > 10
+
+
+TOOLS = [
+    {"type": "function", "function": {"name": "get_weather", "description": "The weather in a city", "parameters": {
+        "type": "object", "properties": {"city": {"type": "string", "enum": ["Paris", "Oslo", "Lima"]},
+                                         "days": {"type": "integer", "minimum": 1, "maximum": 7}},
+        "required": ["city", "days"]}}},
+    {"type": "function", "function": {"name": "get_time", "parameters": {
+        "type": "object", "properties": {"zone": {"enum": ["UTC", "CET"]}}, "required": ["zone"]}}},
+]
+SCHEMAS = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}
+
+
+def _check_calls(calls, names=None):
+    assert calls, "no tool call"
+    for call in calls:
+        assert call.type == "function" and call.id.startswith("call_")
+        assert names is None or call.function.name in names
+        jsonschema.validate(json.loads(call.function.arguments), SCHEMAS[call.function.name])
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_tool_choice_required_and_named(client, stream):
+    msgs = _chat("What is the weather in Paris?")
+    for choice, names in (("required", None), ({"type": "function", "function": {"name": "get_time"}}, ["get_time"])):
+        kw = dict(model=MODEL, messages=msgs, tools=TOOLS, tool_choice=choice, max_tokens=500, temperature=0)
+        if not stream:
+            r = client.chat.completions.create(**kw)
+            assert r.choices[0].finish_reason == "tool_calls"
+            _check_calls(r.choices[0].message.tool_calls, names)
+            continue
+        calls, reasons = [], []
+        for chunk in client.chat.completions.create(stream=True, **kw):
+            delta = chunk.choices[0].delta
+            calls += delta.tool_calls or []
+            reasons.append(chunk.choices[0].finish_reason)
+        assert reasons[-1] == "tool_calls" and [c.index for c in calls] == list(range(len(calls)))
+        _check_calls(calls, names)
+
+
+def test_tool_results_render_back_into_the_prompt(server, client):
+    r = client.chat.completions.create(model=MODEL, messages=_chat("Weather?"), tools=TOOLS, tool_choice="required",
+                                       parallel_tool_calls=False, max_tokens=500, temperature=0)
+    (call,) = r.choices[0].message.tool_calls  # parallel_tool_calls=False: one call
+    msgs = _chat("Weather?") + [{"role": "assistant", "content": None, "tool_calls": [call.model_dump()]},
+                                {"role": "tool", "tool_call_id": call.id, "content": "sunny, 21C"}]
+    follow = client.chat.completions.create(model=MODEL, messages=msgs, tools=TOOLS, max_tokens=8, temperature=0)
+    assert follow.choices[0].finish_reason in ("stop", "length")
+    ids = httpx.post(server.base + "/tokenize", json={"messages": msgs}, timeout=30).json()["tokens"]
+    text = httpx.post(server.base + "/detokenize", json={"tokens": ids}, timeout=30).json()["prompt"]
+    assert f'<｜DSML｜invoke name="{call.function.name}">' in text
+    assert "<｜User｜><function_results>\n<result>sunny, 21C</result>\n</function_results><｜Assistant｜>" in text
+
+
+@pytest.mark.parametrize("body, message", [
+    ({"tool_choice": {"type": "function", "function": {"name": "nope"}}},
+     "tool_choice names function 'nope', which is not in tools (get_weather, get_time)"),
+    ({"tool_choice": "required", "tools": None}, "tool_choice 'required' needs tools"),
+    ({"tool_choice": "required", "response_format": {"type": "json_object"}},
+     "send one output constraint: tools (tool_choice) and response_format"),
+    ({"tools": [{"type": "function", "function": {"name": "bad name!"}}]}, "String should match pattern"),
+    ({"messages": [{"role": "assistant", "content": None, "tool_calls": [{"function": {"name": "f", "arguments": "not json"}}]}]},
+     "messages[0].tool_calls: each needs function.name and function.arguments"),
+])
+def test_bad_tool_requests_are_400s(server, body, message):
+    req = {"model": MODEL, "messages": _chat(), "tools": TOOLS, "max_tokens": 4, **body}
+    r = httpx.post(server.base + "/v1/chat/completions", json={k: v for k, v in req.items() if v is not None},
+                   timeout=60)
+    assert r.status_code == 400, r.text
+    assert message in r.json()["error"]["message"]

@@ -30,7 +30,6 @@ from dataclasses import dataclass, field
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from deepinfer.config import ModelConfig
 from deepinfer.engine_config import EngineConfig, size_pools
@@ -47,6 +46,7 @@ from deepinfer.runtime.paged_step import (
     paged_sample_jit,
     paged_step_jit,
 )
+from deepinfer.runtime.step_results import read_step
 from deepinfer.runtime.step_timer import StepTimer
 from deepinfer.scheduler.plan import PlanShape, pack, pick_bucket
 from deepinfer.scheduler.request import Request
@@ -280,65 +280,9 @@ class LLMEngine:
     def _masks_needed(plan: StepPlan) -> bool:
         return any(r.grammar is not None and plan.samples(r) for r, _ in plan.scheduled)
 
-    def _process(self, plan: StepPlan, tokens: jax.Array, logits: jax.Array, logprobs, prompt_logprobs,
-                 drafts) -> list[Request]:
-        """Read a step's tokens (waits for that step only) and record them. ``logprobs`` /
-        ``prompt_logprobs``: the device arrays, or None when no request in the step asked;
-        ``drafts``: (emitted counts, drafts, confidence) when speculating."""
-        t0 = time.perf_counter()
-        tokens = np.asarray(tokens)
-        self.last_wait_s = time.perf_counter() - t0
-        kept = np.asarray(logits) if self.config.keep_logits else None
-        lp = tuple(np.asarray(a) for a in logprobs) if logprobs is not None else None
-        emitted, new_drafts, confidence = (np.asarray(a) for a in drafts) if drafts is not None else (None,) * 3
-        sampled = {}
-        for i, (req, _) in enumerate(plan.scheduled):
-            if plan.samples(req) and not req.is_finished:
-                n = int(emitted[i]) if emitted is not None else 1
-                sampled[req.request_id] = tokens[i, :n].tolist()
-                self.updated.append(req)
-                if new_drafts is not None:
-                    req.drafts, req.draft_confidence = new_drafts[i].tolist(), confidence[i].tolist()
-                if kept is not None:
-                    req.logits.extend(kept[i, :n])
-                k = req.sampling_params.logprobs
-                if k is not None:
-                    for j in range(n):
-                        req.token_logprobs[plan.outputs[req.request_id] + j] = (
-                            float(lp[0][i, j]), lp[1][i, j, :k].tolist(), lp[2][i, j, :k].tolist()
-                        )
-        if prompt_logprobs is not None:
-            self._record_prompt_logprobs(plan, prompt_logprobs)
-        finished = self.scheduler.update(plan, sampled)
-        for req, _ in plan.scheduled:  # the matcher follows the tokens the request kept
-            if req.grammar is None or req.request_id not in sampled:
-                continue
-            kept = [t for t in req.output_token_ids[plan.outputs[req.request_id]:] if t is not None]
-            if not req.grammar.accept(kept) and not req.is_finished:
-                req.error = "the grammar allows no token here (is every allowed token biased to -inf?)"
-                self.abort(req, "error")
-                finished.append(req)
-        for req in finished:
-            self._seeds.pop(req.request_id, None)
-            del req.logits[len(req.output_token_ids) :]  # logits of steps run past a stop
-            for index in [i for i in req.token_logprobs if i >= len(req.output_token_ids)]:
-                del req.token_logprobs[index]
-        return finished
-
-    def _record_prompt_logprobs(self, plan: StepPlan, arrays: tuple) -> None:
-        """Each wanted prompt position p >= 1: logprob of prompt[p] given the tokens before it."""
-        chosen, ids, lps = (np.asarray(a) for a in arrays)
-        offset = 0
-        for req, n in plan.scheduled:
-            k = req.sampling_params.prompt_logprobs
-            start = plan.starts[req.request_id]
-            if k is not None and not req.is_finished:
-                for j in range(n):
-                    pos = start + j + 1  # the prompt position this token predicts
-                    if pos < len(req.prompt_token_ids) and pos not in req.prompt_logprobs:
-                        t = offset + j
-                        req.prompt_logprobs[pos] = (float(chosen[t]), ids[t, :k].tolist(), lps[t, :k].tolist())
-            offset += n
+    def _process(self, plan: StepPlan, *outputs) -> list[Request]:
+        """Read a step's results (waits for that step only) and record them: step_results.py."""
+        return read_step(self, plan, *outputs)
 
     def step(self) -> list[Request]:
         """Schedule and dispatch one step; record the previous one (overlap) or this one.

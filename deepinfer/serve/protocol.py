@@ -18,8 +18,7 @@ from deepinfer.serve.structured import structured_spec
 # field -> the value that means "off" (accepted), for fields not implemented yet
 NOT_YET = {
     "best_of": 1, "echo": False, "suffix": None,
-    "tools": None, "tool_choice": "none", "functions": None, "function_call": None,
-    "parallel_tool_calls": None, "audio": None, "modalities": None, "prediction": None,
+    "functions": None, "function_call": None, "audio": None, "modalities": None, "prediction": None,
     "reasoning_effort": None, "web_search_options": None, "service_tier": None, "store": None, "metadata": None,
 }
 _REASON: dict[str, str] = {}
@@ -128,6 +127,18 @@ class ContentPart(_Strict):
     text: str
 
 
+class ToolFunction(_Strict):
+    name: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.\-]+$")
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+class Tool(_Strict):
+    type: Literal["function"]
+    function: ToolFunction
+
+
 class ChatMessage(BaseModel):
     model_config = ConfigDict(extra="allow")  # e.g. "name", "tool_calls": checked by role below
     role: str
@@ -142,8 +153,8 @@ class ChatCompletionRequest(_Sampling):
     logprobs: bool = False
     top_logprobs: int | None = None
     add_generation_prompt: bool = True
-    tools: list[Any] | None = None
-    tool_choice: Any = None
+    tools: list[Tool] | None = None
+    tool_choice: Literal["none", "auto", "required"] | dict[str, Any] | None = None
     functions: list[Any] | None = None
     function_call: Any = None
     parallel_tool_calls: bool | None = None

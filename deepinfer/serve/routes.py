@@ -8,6 +8,7 @@ responses are written by serve/streaming.py.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 import uuid
 
@@ -54,6 +55,8 @@ from deepinfer.serve.streaming import (
     stream_completion,
 )
 from deepinfer.serve.structured import compile_grammar, constraint_field
+from deepinfer.serve.tools import plan_tools
+from deepinfer.text.tool_format import parse_tool_calls
 
 
 async def health(request: Request):
@@ -172,7 +175,8 @@ async def chat_completions(request: Request):
     req, arrival = await generation_request(request, ChatCompletionRequest, rid)
     if req.top_logprobs is not None and not req.logprobs:
         raise bad_request("top_logprobs needs logprobs: true", "top_logprobs")
-    prompt = encode(state, render_chat(state, req.messages, req.add_generation_prompt), "messages", False)
+    tools = plan_tools(state, req)
+    prompt = encode(state, render_chat(state, req.messages, req.add_generation_prompt, tools.prompt), "messages", False)
     token_ids(prompt, "messages", state.vocab_size)
     if req.max_tokens is not None and req.max_completion_tokens is not None and req.max_tokens != req.max_completion_tokens:
         raise bad_request("max_tokens and max_completion_tokens disagree; send one", "max_completion_tokens")
@@ -181,20 +185,34 @@ async def chat_completions(request: Request):
                                     field_name, "messages")
     logprobs = (req.top_logprobs or 0) if req.logprobs else None
     sp = req.sampling_params(max_tokens, logprobs)
+    field = constraint_field(req)
+    if tools.spec is not None:
+        if sp.structured_outputs is not None:
+            raise bad_request(f"send one output constraint: tools (tool_choice) and {field}", field)
+        try:
+            sp = dataclasses.replace(sp, structured_outputs=tools.spec)
+        except ValueError as e:
+            raise bad_request(f"tools: {e}", "tools") from None
+        field = "tools"
     check_sampling(state, sp)
-    grammar = await compile_grammar(state, sp.structured_outputs, constraint_field(req))
+    grammar = await compile_grammar(state, sp.structured_outputs, field)
     seqs = sequences(rid, [prompt], [sp], [grammar])
     check_room(state, len(seqs), "n")
     if req.stream:
         return event_stream(rid, stream_chat(state, rid, seqs, arrival, len(prompt), include_usage(req),
-                                             logprobs is not None))
+                                             logprobs is not None, tools.parse))
     results = await collect(state, rid, seqs, arrival, request)
     choices = []
     for seq in seqs:
         c = results[seq.index]
+        message, reason = {"role": "assistant", "content": c.text}, c.finish_reason
+        if tools.parse:
+            content, calls = parse_tool_calls(c.text)
+            message = {"role": "assistant", "content": content, "tool_calls": [t.openai() for t in calls]}
+            reason = "tool_calls" if calls and reason == "stop" else reason
         choices.append({
-            "index": seq.index, "message": {"role": "assistant", "content": c.text},
-            "finish_reason": c.finish_reason, "stop_reason": c.stop_reason,
+            "index": seq.index, "message": message,
+            "finish_reason": reason, "stop_reason": c.stop_reason,
             "logprobs": chat_logprobs(c.token_ids, c.logprobs, state.text_of) if logprobs is not None else None,
         })
     return {

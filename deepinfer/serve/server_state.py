@@ -12,9 +12,11 @@ from deepinfer.serve.checks import at_most, check_text, token_ids
 from deepinfer.serve.errors import APIError, bad_request
 from deepinfer.serve.formatting import TokenText
 from deepinfer.serve.metrics import ServerMetrics
-from deepinfer.text.tokenizer import ChatTemplateError, TextTokenizer
+from deepinfer.text.tokenizer import ChatTemplateError, TextTokenizer, flatten_content
+from deepinfer.text.tool_format import render_tool_calls, render_tool_results
 
-ROLES = ("system", "developer", "user", "assistant")
+ROLES = ("system", "developer", "user", "assistant", "tool")
+ALLOWED_EXTRA = {"assistant": {"tool_calls"}, "tool": {"tool_call_id"}}  # fields beyond role / content / name
 
 
 @dataclass
@@ -65,21 +67,45 @@ def completion_prompts(state: ServerState, prompt: Any) -> list[list[int]]:
     return [token_ids(list(p), f"prompt[{i}]", vocab) for i, p in enumerate(prompt)]
 
 
-def render_chat(state: ServerState, messages, add_generation_prompt: bool) -> str:
+def render_chat(state: ServerState, messages, add_generation_prompt: bool, tools_prompt: str = "") -> str:
+    """The prompt of a conversation. Assistant ``tool_calls`` and ``tool`` results are written in
+    the model's tool format (text/tool_format.py); consecutive tool results make one turn."""
     plain = []
     for i, m in enumerate(messages):
         if m.role not in ROLES:
             raise bad_request(f"messages[{i}]: unknown role {m.role!r} (expected one of {', '.join(ROLES)})", f"messages[{i}].role")
-        extra = sorted(set(m.model_extra or {}))
+        extra = sorted(set(m.model_extra or {}) - ALLOWED_EXTRA.get(m.role, set()))
         if extra:
             raise bad_request(f"messages[{i}]: unsupported field(s) {', '.join(extra)}", f"messages[{i}]")
         content = m.content if isinstance(m.content, str) or m.content is None else [p.model_dump() for p in m.content]
         if isinstance(content, str):
             check_text(content, f"messages[{i}].content")
-        plain.append({"role": "system" if m.role == "developer" else m.role, "content": content})
+        entry = {"role": "system" if m.role == "developer" else m.role, "content": content}
+        calls = (m.model_extra or {}).get("tool_calls")
+        if m.role == "assistant" and calls:
+            entry["tool_calls_text"] = _tool_calls_text(calls, i)
+        if m.role == "tool":
+            text = flatten_content(content)
+            if plain and plain[-1]["role"] == "tool":
+                plain[-1]["results"].append(text)
+            else:
+                plain.append({"role": "tool", "results": [text]})
+            continue
+        plain.append(entry)
+    for entry in plain:
+        if entry["role"] == "tool":
+            entry["content"] = render_tool_results(entry.pop("results"))
     if state.tokenizer is None:
         raise bad_request("this model has no tokenizer, so no chat template: use /v1/completions with token ids")
     try:
-        return state.tokenizer.apply_chat_template(plain, add_generation_prompt)
+        return state.tokenizer.apply_chat_template(plain, add_generation_prompt, tools_prompt)
     except ChatTemplateError as e:
         raise bad_request(str(e), "messages") from None
+
+
+def _tool_calls_text(calls, i: int) -> str:
+    try:
+        return render_tool_calls(calls)
+    except (KeyError, TypeError, AttributeError, ValueError) as exc:
+        raise bad_request(f"messages[{i}].tool_calls: each needs function.name and function.arguments "
+                          f"(a JSON object as text): {type(exc).__name__}: {exc}", f"messages[{i}].tool_calls") from None

@@ -28,6 +28,7 @@ from deepinfer.serve.formatting import (
     usage,
 )
 from deepinfer.text.output import ChoiceDelta, ChoiceOutput
+from deepinfer.text.tool_format import ToolCallStream
 
 log = logging.getLogger("deepinfer.serve")
 
@@ -200,8 +201,11 @@ async def stream_completion(state, rid, seqs, arrival, n_prompt, include_usage, 
     yield SSE_DONE
 
 
-async def stream_chat(state, rid, seqs, arrival, n_prompt, include_usage, want_logprobs):
+async def stream_chat(state, rid, seqs, arrival, n_prompt, include_usage, want_logprobs, parse_tools=False):
+    """Chat chunks; with ``parse_tools``, tool calls go out as ``tool_calls`` deltas (each call whole,
+    once its block closes) and text that may open a call block is held until it is known."""
     created, n_out = int(time.time()), 0
+    parsers = {s.index: ToolCallStream() for s in seqs} if parse_tools else {}
 
     def chunk(choices):
         return {"id": rid, "object": "chat.completion.chunk", "created": created, "model": state.model_name, "choices": choices}
@@ -213,12 +217,24 @@ async def stream_chat(state, rid, seqs, arrival, n_prompt, include_usage, want_l
             yield sse(APIError(500, f"generation failed: {error}").body())
             break
         n_out += len(delta.token_ids)
-        if not delta.text and delta.finish_reason is None and not (want_logprobs and delta.token_ids):
-            continue  # nothing to show yet (e.g. half a UTF-8 character)
+        text, calls, reason = delta.text, [], delta.finish_reason
+        parser = parsers.get(seq.index)
+        if parser is not None:
+            text, calls = parser.feed(delta.text)
+            if reason is not None:
+                text += parser.flush()
+                if parser.num_calls and reason == "stop":
+                    reason = "tool_calls"
+        if not text and not calls and reason is None and not (want_logprobs and delta.token_ids):
+            continue  # nothing to show yet (e.g. half a UTF-8 character, or a call block being written)
+        body = {"content": text} if text or (reason is None and not calls) else {}
+        if calls:
+            first = parser.num_calls - len(calls)
+            body["tool_calls"] = [c.openai(first + i) for i, c in enumerate(calls)]
         yield sse(chunk([{
-            "index": seq.index, "delta": {"content": delta.text} if delta.text or delta.finish_reason is None else {},
+            "index": seq.index, "delta": body,
             "logprobs": chat_logprobs(delta.token_ids, delta.logprobs, state.text_of) if want_logprobs else None,
-            "finish_reason": delta.finish_reason, "stop_reason": delta.stop_reason,
+            "finish_reason": reason, "stop_reason": delta.stop_reason,
         }]))
     if include_usage:
         yield sse({**chunk([]), "usage": usage(n_prompt, n_out)})

@@ -62,9 +62,11 @@ class TextTokenizer:
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=skip_special_tokens)
 
-    def apply_chat_template(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True) -> str:
+    def apply_chat_template(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True,
+                            tools_prompt: str = "") -> str:
         """The prompt text for a conversation. Message content may be a string or a list of
-        ``{"type": "text", "text": ...}`` parts (joined)."""
+        ``{"type": "text", "text": ...}`` parts (joined). ``tools_prompt``: the tools section,
+        rendered (text/tool_format.py); templates that know it place it."""
         if self.chat_template is None:
             raise ChatTemplateError("this model's tokenizer_config.json has no chat_template; use /v1/completions")
         if self._template is None:
@@ -75,7 +77,7 @@ class TextTokenizer:
             self._template = env.from_string(self.chat_template)
         flat = [{**m, "content": flatten_content(m.get("content"))} for m in messages]
         return self._template.render(
-            messages=flat, add_generation_prompt=add_generation_prompt,
+            messages=flat, add_generation_prompt=add_generation_prompt, tools_prompt=tools_prompt,
             bos_token=self.bos_token or "", eos_token=self.eos_token or "",
         )
 
