@@ -7,7 +7,7 @@ scheduler) can import the package without importing JAX.
 
 from deepinfer.runtime import batch_invariance as _batch_invariance
 
-__all__ = ["generate", "GenerateOutput", "ModelConfig", "LLM", "SamplingParams"]
+__all__ = ["generate", "GenerateOutput", "ModelConfig", "LLM", "SamplingParams", "StructuredOutputsParams"]
 
 # DEEPINFER_BATCH_INVARIANT=1 needs an XLA flag before JAX starts its backend (see
 # runtime/batch_invariance.py); importing deepinfer first is how it gets there in time.
@@ -28,6 +28,10 @@ def __getattr__(name):
         from deepinfer.scheduler.sampling_params import SamplingParams
 
         return SamplingParams
+    if name == "StructuredOutputsParams":
+        from deepinfer.grammar.spec import StructuredOutputsParams
+
+        return StructuredOutputsParams
     if name == "ModelConfig":
         from deepinfer.config import ModelConfig
 
