@@ -275,17 +275,27 @@ def test_drafts_never_emit_past_max_tokens_or_a_stop():
     s.check_all_free()
 
 
-def test_penalised_and_logprobs_requests_do_not_take_drafts():
+def test_which_requests_take_drafts():
+    """Penalised requests never (they would need per-position counts); logprobs ones do; a pending
+    min_tokens allows only drafts that stay before it (its EOS block is one per row)."""
     s = _speculative()
     s.add_request(req("a", 3, temperature=0.8, logprobs=1))
     s.add_request(req("b", 3, temperature=0.0, presence_penalty=0.5))
-    s.add_request(req("c", 3, temperature=0.8, min_tokens=3))
-    s.add_request(req("d", 3, temperature=0.8, top_p=0.9))  # sampled requests do speculate
+    s.add_request(req("c", 3, temperature=0.8, min_tokens=3, max_tokens=20))  # 1 output so far: room for 1 draft
+    s.add_request(req("f", 3, temperature=0.0, min_tokens=10, max_tokens=20))  # far before min_tokens: all
     run_step(s)
     for r in s.running:
         r.drafts = [8, 9, 10]
     plan = s.schedule()
-    assert plan.drafts == {"d": [8, 9, 10]} and [n for _, n in plan.scheduled] == [1, 1, 1, 4]
+    assert plan.drafts == {"a": [8, 9, 10], "c": [8], "f": [8, 9, 10]}
+    assert [n for _, n in plan.scheduled] == [4, 1, 2, 4]
+    s = _speculative()
+    s.add_request(req("e", 3, temperature=0.0, min_tokens=2, max_tokens=20))  # the next token may be EOS: none
+    s.add_request(req("d", 3, temperature=0.8, top_p=0.9))
+    run_step(s)
+    for r in s.running:
+        r.drafts = [8, 9, 10]
+    assert s.schedule().drafts == {"d": [8, 9, 10]}
 
 
 def test_confidence_scheduling_verifies_what_pays_for_its_step_time():

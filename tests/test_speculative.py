@@ -23,11 +23,12 @@ from deepinfer.runtime.engine import LLMEngine
 from deepinfer.scheduler.sampling_params import SamplingParams
 
 GREEDY = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)
-# a sampled row (speculates: its stream differs from speculation off, its distribution does not)
-# and rows that do not speculate (penalties, logprobs) share the steps with the greedy ones
+# a sampled row (speculates: its stream differs from speculation off, its distribution does not),
+# a row that does not speculate (penalties) and one reporting logprobs share the steps with the greedy ones
 OTHERS = [
     SamplingParams(max_tokens=12, temperature=0.9, seed=7, ignore_eos=True),
     SamplingParams(max_tokens=12, temperature=0.0, repetition_penalty=1.3, ignore_eos=True),
+    SamplingParams(max_tokens=16, temperature=0.0, min_tokens=10),  # EOS blocked through the 10th token
     SamplingParams(max_tokens=12, temperature=0.0, logprobs=2, ignore_eos=True),
 ]
 
@@ -90,7 +91,7 @@ def test_greedy_streams_equal_speculation_off(bundled, k):
             continue
         assert got.output_token_ids == want.output_token_ids
         assert got.finish_reason == want.finish_reason
-    for got, want in zip(reqs[-1:], base[-1:]):  # the logprobs row (plain decode) reports the same numbers
+    for got, want in zip(reqs[-1:], base[-1:]):  # the logprobs row (speculating) reports the same numbers
         assert sorted(got.token_logprobs) == sorted(want.token_logprobs)
         for i, (lp, ids, _) in want.token_logprobs.items():
             assert got.token_logprobs[i][1] == ids and abs(got.token_logprobs[i][0] - lp) < 1e-5
@@ -99,7 +100,9 @@ def test_greedy_streams_equal_speculation_off(bundled, k):
     assert stats.num_accepted_tokens == sum(r.num_accepted_tokens for r in reqs) == sum(stats.accepted_per_position)
     # the trained MTP head agrees with the model's next-next token often (0.71 on its validation split)
     assert stats.accepted_per_position[0] > 0.5 * stats.num_drafts
-    assert all(r.num_draft_tokens == 0 for r in reqs[5:])  # penalised / logprobs rows never took drafts
+    assert reqs[5].num_draft_tokens == 0  # the penalised row never takes drafts
+    assert reqs[6].num_draft_tokens > 0 and reqs[7].num_draft_tokens > 0  # min_tokens and logprobs rows do
+    assert 1 not in reqs[6].output_token_ids[:10]
 
 
 def test_first_draft_is_the_whole_sequence_mtp_prediction(bundled):

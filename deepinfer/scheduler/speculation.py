@@ -6,10 +6,11 @@ rejected ones (``num_computed`` lowered; the device state needs nothing, see
 kv/rollback.py). k never lets a step emit past max_tokens or max_model_len.
 
 Verification (runtime/sampler.verify_sample) is exact for greedy and sampled requests
-(temperature, top-k / top-p / min-p, logit bias): emitted tokens are distributed as
-without speculation (greedy: identical). Requests with penalties, logprobs, or min_tokens
-still blocking stops do not take drafts (those would need per-position counts, logprobs
-and bias inside the verified span) and run as plain decode rows in the same steps.
+(temperature, top-k / top-p / min-p, logit bias, logprobs, grammars): emitted tokens are
+distributed as without speculation (greedy: identical), and logprobs come from the raw
+logits at each verified position. Requests with penalties do not take drafts (those would
+need per-position counts) and run as plain decode rows in the same steps; a request whose
+min_tokens is pending verifies only drafts that stay before it (its stop block is per row).
 
 Confidence-scheduled verification (``EngineConfig.mtp_varlen``, env DEEPINFER_ENABLE_MTP_VARLEN=1):
 each draft position's chance of being accepted is estimated by its survival product, the
@@ -32,12 +33,8 @@ MAX_DRAFT_TOKENS = 5  # the product's cap (DEEPINFER_USE_NEXTN_DECODE <= 5)
 
 
 def speculation_ok(req: Request) -> bool:
-    sp = req.sampling_params
-    return (
-        not sp.uses_penalties
-        and sp.logprobs is None
-        and len(req.output_token_ids) >= sp.min_tokens
-    )
+    """Penalties need the counts of the drafts before each verified position (not kept): no drafts."""
+    return not req.sampling_params.uses_penalties
 
 
 def num_drafts_for(req: Request, limit: int, budget: int, max_model_len: int) -> int:
@@ -48,6 +45,11 @@ def num_drafts_for(req: Request, limit: int, budget: int, max_model_len: int) ->
     room = max_model_len - req.num_tokens - 1  # the step emits up to k + 1 tokens
     if sp.max_tokens is not None:
         room = min(room, sp.max_tokens - len(req.output_token_ids) - 1)
+    outputs = len(req.output_token_ids)
+    if outputs < sp.min_tokens:
+        # the row blocks EOS / stop ids at every verified position (one bias per row): right only
+        # while every one of them is still before min_tokens
+        room = min(room, sp.min_tokens - outputs - 1)
     return max(0, min(limit, len(req.drafts), room, budget - 1))
 
 
