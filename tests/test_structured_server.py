@@ -184,3 +184,54 @@ def test_bad_tool_requests_are_400s(server, body, message):
                    timeout=60)
     assert r.status_code == 400, r.text
     assert message in r.json()["error"]["message"]
+
+
+def _fake_state(timeout_s=30.0):
+    """What compile_grammar and plan_tools read from a ServerState, without a server."""
+    from types import SimpleNamespace
+
+    from deepinfer.default_model import default_model_dir
+    from deepinfer.grammar.backend import GrammarBackend
+    from deepinfer.serve.metrics import ServerMetrics
+
+    backend = GrammarBackend(default_model_dir(), 4096, (1,), compile_timeout_s=timeout_s)
+    return SimpleNamespace(grammar=backend, metrics=ServerMetrics(MODEL))
+
+
+def test_a_compile_over_the_time_limit_is_a_400():
+    import asyncio
+
+    from deepinfer.grammar.spec import StructuredOutputsParams
+    from deepinfer.serve.errors import APIError
+    from deepinfer.serve.structured import compile_grammar
+
+    state = _fake_state(timeout_s=1e-6)
+    state.grammar.compile(StructuredOutputsParams(regex="warm"), timeout_s=60)  # xgrammar loaded: only the compile is timed
+    slow = StructuredOutputsParams(json={"type": "object", "properties": {f"k{i}": {"type": "string", "pattern": "^[a-z]{1,9}$"}
+                                                                         for i in range(100)}})
+    with pytest.raises(APIError) as err:
+        asyncio.run(compile_grammar(state, slow, "guided_json"))
+    assert err.value.status == 400 and err.value.param == "guided_json"
+    assert "compiling the json constraint took longer than 1e-06 s" in err.value.message
+
+
+def test_tool_choice_auto_constrains_a_call_block_once_begun():
+    from deepinfer.serve.protocol import ChatCompletionRequest
+    from deepinfer.serve.tools import plan_tools
+
+    state = _fake_state()
+    req = ChatCompletionRequest(model=MODEL, messages=_chat(), tools=TOOLS)
+    plan = plan_tools(state, req)
+    assert plan.parse and "## Tools" in plan.prompt and '"name": "get_weather"' in plan.prompt
+    compiled = state.grammar.compile(plan.spec)
+
+    def accepts(text):
+        return state.grammar.matcher(compiled).accept_string(text)
+
+    call = ('\n\n<｜DSML｜tool_calls>\n<｜DSML｜invoke name="get_time">\n'
+            '<｜DSML｜parameter name="zone" string="true">UTC</｜DSML｜parameter>\n</｜DSML｜invoke>\n</｜DSML｜tool_calls>')
+    assert accepts("Just text, no call.") and accepts("Let me look." + call)
+    assert not accepts('Let me look.\n\n<｜DSML｜tool_calls>\n<｜DSML｜invoke name="get_news">')  # not a tool
+    assert not accepts(call.replace(">UTC<", ">PST<"))  # not in the argument's enum
+    none = plan_tools(state, ChatCompletionRequest(model=MODEL, messages=_chat(), tools=TOOLS, tool_choice="none"))
+    assert (none.prompt, none.spec, none.parse) == ("", None, False)  # tools left out, text out
