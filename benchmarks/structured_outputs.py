@@ -91,7 +91,8 @@ def main() -> None:
     t = time.perf_counter()
     backend.compile(spec)
     cached = time.perf_counter() - t
-    engine = LLMEngine(cfg, params, EngineConfig(max_num_seqs=args.requests, max_num_batched_tokens=256, max_model_len=512),
+    engine = LLMEngine(cfg, params, EngineConfig(max_num_seqs=args.requests, max_num_batched_tokens=256, max_model_len=512,
+                                                 warm_structured=True),
                        grammar=backend)
     engine.warmup()
     run(engine, tok, args.requests, 1.0, 8)  # first-use costs out of the way

@@ -43,6 +43,9 @@ class EngineConfig:
     # speculating: choose each step how many drafts each request verifies (confidence x measured step
     # cost) instead of always k; env DEEPINFER_ENABLE_MTP_VARLEN=1
     mtp_varlen: bool = field(default_factory=lambda: os.environ.get("DEEPINFER_ENABLE_MTP_VARLEN") == "1")
+    # warm-up also compiles the two halves a constrained step runs as with overlap (twice the programs:
+    # off by default, so they compile on the first constrained step of each shape instead)
+    warm_structured: bool = False
 
     def __post_init__(self):
         self.num_speculative_tokens()  # refuse bad values at construction, naming them

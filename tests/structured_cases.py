@@ -94,21 +94,19 @@ def parses_arithmetic(text: str) -> bool:
         else:
             num()
 
-    def term():
-        nonlocal pos
-        factor()
-        for _ in range(2):
-            if text[pos : pos + 1] in ("*", "/") and pos < len(text):
-                pos += 1
-                factor()
+    def chain(operand, ops, most):
+        """operand (op operand){0,most}: the shape of both expr and term"""
+        def parse():
+            nonlocal pos
+            operand()
+            for _ in range(most):
+                if pos < len(text) and text[pos] in ops:
+                    pos += 1
+                    operand()
+        return parse
 
-    def expr():
-        nonlocal pos
-        term()
-        for _ in range(3):
-            if text[pos : pos + 1] in ("+", "-") and pos < len(text):
-                pos += 1
-                term()
+    term = chain(factor, "*/", 2)
+    expr = chain(term, "+-", 3)
 
     try:
         expr()

@@ -74,7 +74,7 @@ def _valid(text: str, schema: dict) -> bool:
 
 def _engine(bundled, **kw) -> LLMEngine:
     cfg, params, _, backend = bundled
-    ec = EngineConfig(max_num_seqs=8, max_num_batched_tokens=64, max_model_len=256, **kw)
+    ec = EngineConfig(**{"max_num_seqs": 8, "max_num_batched_tokens": 64, "max_model_len": 256, **kw})
     return LLMEngine(cfg, params, ec, grammar=backend)
 
 
@@ -323,3 +323,15 @@ def test_batch_invariant_mode_unconstrained_neighbours_are_bitwise_unchanged():
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     proc = subprocess.run([sys.executable, "-c", code], cwd=root, env=env, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0 and "BITWISE OK" in proc.stdout, proc.stderr[-3000:]
+
+
+def test_warm_structured_compiles_the_split_step_so_nothing_compiles_later(bundled):
+    _, _, tok, _ = bundled
+    engine = _engine(bundled, max_num_seqs=4, max_num_batched_tokens=16, max_model_len=128, warm_structured=True)
+    engine.warmup()
+    compiled = engine.num_compiles
+    specs = cases()[:3]
+    sps = [_sampling(i, s) for i, (s, _) in enumerate(specs)] + [SamplingParams(temperature=0.0, max_tokens=8)]
+    reqs = _run(engine, _prompts(tok, 4), sps)
+    assert engine.num_compiles == compiled
+    _check_outputs(tok, reqs[:3], [c for _, c in specs])

@@ -340,12 +340,14 @@ class LLMEngine:
                 if r <= t]
 
     def warmup(self, progress=None) -> int:
-        """Compile the step for every bucket shape (``progress(1)`` after each), and its two halves
-        when structured outputs can run overlapped. Returns the number of step shapes."""
+        """Compile the step for every bucket shape (``progress(1)`` after each), and with
+        ``EngineConfig.warm_structured`` its two halves (constrained steps with overlap).
+        Returns the number of step shapes."""
         costs = {}
         for shape in self.bucket_shapes():
             self._run(StepPlan(), shape)
-            if self.grammar is not None and self.overlap:  # the two halves of a constrained step
+            if self.config.warm_structured and self.grammar is not None and self.overlap:
+                # the two halves of a constrained step (otherwise compiled on first use)
                 self._run_sample(StepPlan(), shape, self._run_forward(StepPlan(), shape))
             if self.num_drafts and self.config.mtp_varlen:  # the step-cost model of confidence scheduling
                 costs[(shape.num_tokens, shape.num_rows)] = self._time_step(shape)

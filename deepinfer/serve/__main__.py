@@ -43,6 +43,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help='speculative decoding with the model\'s MTP block, vLLM\'s JSON: '
                         '\'{"method": "mtp", "num_speculative_tokens": 3}\' (1..5 drafts per decode); '
                         'or env DEEPINFER_USE_NEXTN_DECODE=k')
+    p.add_argument("--warm-structured", action="store_true",
+                   help="compile the structured-output step programs at start-up (twice the programs; otherwise "
+                        "each compiles on the first constrained request of its shape)")
     p.add_argument("--grammar-compile-timeout", type=float, default=30.0,
                    help="seconds a structured-output grammar may take to compile; slower ones are refused with a 400")
     p.add_argument("--shutdown-timeout", type=float, default=30.0, help="seconds in-flight requests get to finish on SIGINT/SIGTERM; "
@@ -130,6 +133,7 @@ def build_state(args: argparse.Namespace):
         kv_memory_bytes=parse_bytes(args.kv_memory) if args.kv_memory else None, overlap=not args.no_overlap,
         measure_device=True,  # device time and busy fraction for /metrics (one watcher thread)
         batch_invariant=args.batch_invariant, speculative_config=args.speculative_config,
+        warm_structured=args.warm_structured,
     )
     grammar = None
     if tokenizer is not None:
