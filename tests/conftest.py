@@ -20,6 +20,21 @@ def server_cache(tmp_path_factory):
     return str(tmp_path_factory.mktemp("deepinfer-server-cache"))
 
 
+# the bundled model's server as the README's example runs it (tests/test_bundled_model.py); the
+# structured-output server tests share it, so the suite starts (and compiles) it once
+BUNDLED_SERVER_ARGS = ["--max-num-seqs", "2", "--max-num-batched-tokens", "64"]
+
+
+@pytest.fixture(scope="session")
+def bundled_server(tmp_path_factory):
+    from tests.server_process import ServerProcess
+
+    root = tmp_path_factory.mktemp("bundled-server")
+    srv = ServerProcess(BUNDLED_SERVER_ARGS, str(root / "cache"), str(root / "server.log"))
+    yield srv
+    srv.stop()
+
+
 @pytest.fixture(autouse=True, scope="module")
 def _release_compiled_programs():
     """Drop each module's compiled XLA programs when it ends. XLA CPU maps ~900 memory regions per

@@ -180,22 +180,16 @@ def _readme_example() -> tuple[dict, dict]:
     return json.loads(body.group(1)), json.loads(answer.group(1))
 
 
-def test_server_default_answers_the_readme_example(tmp_path):
+def test_server_default_answers_the_readme_example(bundled_server):
     """`python -m deepinfer.serve` with no --model serves the bundled model, and the README's
     example request gets exactly the answer the README shows."""
     import httpx
 
-    from tests.server_process import ServerProcess
-
     body, shown = _readme_example()
-    srv = ServerProcess(["--max-num-seqs", "2", "--max-num-batched-tokens", "64"], str(tmp_path / "cache"),
-                        str(tmp_path / "server.log"))
-    try:
-        models = httpx.get(srv.base + "/v1/models").json()
-        assert [m["id"] for m in models["data"]] == [NAME]
-        got = httpx.post(srv.base + "/v1/chat/completions", json=body, timeout=120).json()
-    finally:
-        srv.stop()
+    srv = bundled_server
+    models = httpx.get(srv.base + "/v1/models").json()
+    assert [m["id"] for m in models["data"]] == [NAME]
+    got = httpx.post(srv.base + "/v1/chat/completions", json=body, timeout=120).json()
     assert got["model"] == NAME == body["model"]
     assert got["choices"][0]["message"] == shown["choices"][0]["message"]
     assert got["choices"][0]["finish_reason"] == shown["choices"][0]["finish_reason"]

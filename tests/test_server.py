@@ -145,6 +145,47 @@ def test_stop_string_across_tokens(client):
     assert got.choices[0].model_extra.get("stop_reason") == stop
     streamed = client.completions.create(max_tokens=40, stop=stop, stream=True, **base)
     assert "".join(c.choices[0].text for c in streamed) == text[: text.find(stop)]
+    # vLLM's include_stop_str_in_output keeps the stop string, streamed or not
+    kept = {**base, "extra_body": {"ignore_eos": True, "include_stop_str_in_output": True}}
+    assert client.completions.create(max_tokens=40, stop=[stop], **kept).choices[0].text == text[: text.find(stop) + 2]
+    streamed = client.completions.create(max_tokens=40, stop=stop, stream=True, **kept)
+    assert "".join(c.choices[0].text for c in streamed) == text[: text.find(stop) + 2]
+
+
+def test_truncate_prompt_tokens_keeps_the_last_ones(client):
+    prompt = list(range(40, 60))
+    kw = dict(model=MODEL, max_tokens=6, temperature=0, extra_body={"ignore_eos": True})
+    cut = client.completions.create(prompt=prompt, **{**kw, "extra_body": {"ignore_eos": True, "truncate_prompt_tokens": 5}})
+    last5 = client.completions.create(prompt=prompt[-5:], **kw)
+    assert cut.usage.prompt_tokens == 5 and cut.choices[0].text == last5.choices[0].text
+    whole = client.completions.create(prompt=prompt, **{**kw, "extra_body": {"ignore_eos": True, "truncate_prompt_tokens": -1}})
+    assert whole.usage.prompt_tokens == 20  # -1: up to max_model_len
+    with pytest.raises(openai.BadRequestError, match="truncate_prompt_tokens must be -1 or a positive integer, got 0"):
+        client.completions.create(prompt=prompt, **{**kw, "extra_body": {"truncate_prompt_tokens": 0}})
+
+
+def test_continue_final_message_leaves_the_assistant_turn_open(server, client):
+    msgs = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "Well, the"}]
+    kw = dict(model=MODEL, max_tokens=6, temperature=0, extra_body={"ignore_eos": True})
+    cont = client.chat.completions.create(messages=msgs, **{**kw, "extra_body": {
+        "ignore_eos": True, "continue_final_message": True, "add_generation_prompt": False}})
+    ids = post(server, "/tokenize", {"messages": msgs[:1]}).json()["tokens"]  # ... up to the assistant marker
+    prefix = post(server, "/detokenize", {"tokens": ids}).json()["prompt"]
+    same = client.completions.create(prompt=prefix + "Well, the", **kw)
+    assert cont.usage.prompt_tokens == same.usage.prompt_tokens and cont.choices[0].message.content == same.choices[0].text
+    r = post(server, "/v1/chat/completions", {"model": MODEL, "messages": msgs, "continue_final_message": True})
+    assert r.status_code == 400 and "cannot both be true" in r.json()["error"]["message"]
+
+
+def test_models_by_id_and_openai_shaped_404_405(server, client):
+    assert client.models.retrieve(MODEL).id == MODEL
+    with pytest.raises(openai.NotFoundError, match="model 'gpt-4' does not exist"):
+        client.models.retrieve("gpt-4")
+    r = post(server, "/v1/no-such-route", {})
+    assert r.status_code == 404 and r.json()["error"] == {
+        "message": "no route /v1/no-such-route", "type": "NotFoundError", "param": None, "code": 404}
+    r = httpx.get(server.base + "/v1/completions", headers={"Authorization": f"Bearer {KEY}"}, timeout=30)
+    assert r.status_code == 405 and r.json()["error"]["message"] == "method GET is not allowed on /v1/completions"
 
 
 def test_logprobs(server, client):

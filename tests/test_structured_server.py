@@ -15,19 +15,15 @@ import openai
 import pytest
 from pydantic import BaseModel, Field
 
-from tests.server_process import ServerProcess
-
 pytest.importorskip("xgrammar")
 
 MODEL = "deepinfer-tiny-v4"
-ARGS = ["--max-num-seqs", "4", "--max-num-batched-tokens", "64", "--max-model-len", "1024"]
 
 
 @pytest.fixture(scope="module")
-def server(server_cache, tmp_path_factory):
-    srv = ServerProcess(ARGS, server_cache, str(tmp_path_factory.mktemp("log") / "server.log"))
-    yield srv
-    srv.stop()
+def server(bundled_server):
+    """The bundled model's server as the README runs it (conftest.bundled_server, shared)."""
+    return bundled_server
 
 
 @pytest.fixture(scope="module")

@@ -54,7 +54,7 @@ class SamplingParams:
     ``prompt_logprobs``: None, or k >= 0 for each prompt token's log-probability
     given the tokens before it, plus the k most likely alternatives.
     ``stop``: strings that end the output (matched in the detokenized text,
-    across token boundaries; not included in the text).
+    across token boundaries; not included in the text unless ``include_stop_str_in_output``).
     ``structured_outputs``: a StructuredOutputsParams (or its dict: json / regex / choice /
     grammar / json_object / structural_tag); the output follows it, token by token, and ends
     only where it is complete (EOS is masked before that; max_tokens still cuts it: "length").
@@ -86,6 +86,7 @@ class SamplingParams:
     min_tokens: int = 0
     prompt_logprobs: int | None = None
     structured_outputs: StructuredOutputsParams | None = None
+    include_stop_str_in_output: bool = False
 
     def __post_init__(self):
         if isinstance(self.structured_outputs, dict):

@@ -15,6 +15,7 @@ import logging
 from fastapi import FastAPI, Request
 from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse, Response
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from deepinfer.serve.errors import APIError, ClientGone
 from deepinfer.serve.protocol import (
@@ -53,6 +54,18 @@ def build_app(state: ServerState, lifespan=None) -> FastAPI:
     @app.exception_handler(APIError)
     async def _api_error(request: Request, exc: APIError):
         return JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(request: Request, exc: StarletteHTTPException):
+        # unknown routes and methods answer in OpenAI's error shape, not FastAPI's {"detail": ...}
+        if exc.status_code == 404:
+            message = f"no route {request.url.path}"
+        elif exc.status_code == 405:
+            message = f"method {request.method} is not allowed on {request.url.path}"
+        else:
+            message = str(exc.detail)
+        return JSONResponse(APIError(exc.status_code, message).body(), status_code=exc.status_code,
+                            headers=getattr(exc, "headers", None))
 
     @app.exception_handler(ClientGone)
     async def _client_gone(request: Request, exc: ClientGone):

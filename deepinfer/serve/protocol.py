@@ -78,6 +78,9 @@ class _Sampling(_Strict):
     guided_choice: list[str] | None = None
     guided_grammar: str | None = None
     guided_decoding_backend: str | None = None
+    # vLLM's extras
+    include_stop_str_in_output: bool = False
+    truncate_prompt_tokens: StrictInt | None = None  # keep the last N prompt tokens (-1: max_model_len)
 
     def sampling_params(self, max_tokens: int, logprobs: int | None) -> SamplingParams:
         stop = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
@@ -108,9 +111,22 @@ class _Sampling(_Strict):
                 min_tokens=self.min_tokens or 0,
                 prompt_logprobs=self.prompt_logprobs,
                 structured_outputs=structured_spec(self),
+                include_stop_str_in_output=self.include_stop_str_in_output,
             )
         except ValueError as e:
             raise bad_request(str(e), str(e).split(" ", 1)[0]) from None
+
+
+    def truncate(self, prompt: list[int], max_model_len: int) -> list[int]:
+        """vLLM's truncate_prompt_tokens: the prompt's last N tokens (-1: max_model_len)."""
+        n = self.truncate_prompt_tokens
+        if n is None:
+            return prompt
+        if n == -1:
+            n = max_model_len
+        if n < 1:
+            raise bad_request(f"truncate_prompt_tokens must be -1 or a positive integer, got {n}", "truncate_prompt_tokens")
+        return prompt[-n:]
 
 
 class CompletionRequest(_Sampling):
@@ -153,6 +169,7 @@ class ChatCompletionRequest(_Sampling):
     logprobs: bool = False
     top_logprobs: int | None = None
     add_generation_prompt: bool = True
+    continue_final_message: bool = False  # vLLM: the last (assistant) message is continued, left open
     tools: list[Tool] | None = None
     tool_choice: Literal["none", "auto", "required"] | dict[str, Any] | None = None
     functions: list[Any] | None = None

@@ -85,13 +85,23 @@ async def debug_engine(request: Request):
                             "accepted_per_position": list(snap.accepted_per_position)}}
 
 
+def _model_card(state: ServerState) -> dict:
+    return {"id": state.model_name, "object": "model", "created": state.created, "owned_by": "deepinfer",
+            "root": state.model_name, "max_model_len": state.max_model_len}
+
+
 async def models(request: Request):
     state: ServerState = request.app.state.deepinfer
     check_auth(state.api_key, request)
-    return {"object": "list", "data": [{
-        "id": state.model_name, "object": "model", "created": state.created, "owned_by": "deepinfer",
-        "root": state.model_name, "max_model_len": state.max_model_len,
-    }]}
+    return {"object": "list", "data": [_model_card(state)]}
+
+
+async def model(request: Request):
+    """GET /v1/models/{model_id}: the card of the served model (its name or an alias), else a 404."""
+    state: ServerState = request.app.state.deepinfer
+    check_auth(state.api_key, request)
+    check_model(state, request.path_params["model_id"])
+    return _model_card(state)
 
 
 async def tokenize(request: Request):
@@ -137,7 +147,7 @@ async def completions(request: Request):
     state: ServerState = request.app.state.deepinfer
     rid = f"cmpl-{uuid.uuid4().hex}"
     req, arrival = await generation_request(request, CompletionRequest, rid)
-    prompts = completion_prompts(state, req.prompt)
+    prompts = [req.truncate(p, state.max_model_len) for p in completion_prompts(state, req.prompt)]
     given = "max_tokens" in req.model_fields_set
     max_tokens = [resolve_max_tokens(state.max_model_len, len(p), req.max_tokens if given else None, "max_tokens")
                   for p in prompts]
@@ -176,7 +186,8 @@ async def chat_completions(request: Request):
     if req.top_logprobs is not None and not req.logprobs:
         raise bad_request("top_logprobs needs logprobs: true", "top_logprobs")
     tools = plan_tools(state, req)
-    prompt = encode(state, render_chat(state, req.messages, req.add_generation_prompt, tools.prompt), "messages", False)
+    text = render_chat(state, req.messages, req.add_generation_prompt, tools.prompt, req.continue_final_message)
+    prompt = req.truncate(encode(state, text, "messages", False), state.max_model_len)
     token_ids(prompt, "messages", state.vocab_size)
     if req.max_tokens is not None and req.max_completion_tokens is not None and req.max_tokens != req.max_completion_tokens:
         raise bad_request("max_tokens and max_completion_tokens disagree; send one", "max_completion_tokens")
@@ -227,6 +238,7 @@ ROUTES = (
     ("GET", "/metrics", metrics),
     ("GET", "/debug/engine", debug_engine),
     ("GET", "/v1/models", models),
+    ("GET", "/v1/models/{model_id:path}", model),
     ("POST", "/tokenize", tokenize),
     ("POST", "/detokenize", detokenize),
     ("POST", "/v1/completions", completions),

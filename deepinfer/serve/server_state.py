@@ -67,9 +67,21 @@ def completion_prompts(state: ServerState, prompt: Any) -> list[list[int]]:
     return [token_ids(list(p), f"prompt[{i}]", vocab) for i, p in enumerate(prompt)]
 
 
-def render_chat(state: ServerState, messages, add_generation_prompt: bool, tools_prompt: str = "") -> str:
+def render_chat(state: ServerState, messages, add_generation_prompt: bool, tools_prompt: str = "",
+                continue_final: bool = False) -> str:
     """The prompt of a conversation. Assistant ``tool_calls`` and ``tool`` results are written in
-    the model's tool format (text/tool_format.py); consecutive tool results make one turn."""
+    the model's tool format (text/tool_format.py); consecutive tool results make one turn.
+    ``continue_final`` (vLLM's continue_final_message): the prompt ends right after the last
+    message's content (an assistant turn left open for the model to continue)."""
+    if continue_final:
+        last = messages[-1]
+        if add_generation_prompt:
+            raise bad_request("continue_final_message and add_generation_prompt cannot both be true",
+                              "continue_final_message")
+        if last.role != "assistant" or not flatten_content(last.content if isinstance(last.content, str) or last.content is None
+                                                            else [p.model_dump() for p in last.content]):
+            raise bad_request("continue_final_message needs a last message from the assistant with content",
+                              "continue_final_message")
     plain = []
     for i, m in enumerate(messages):
         if m.role not in ROLES:
@@ -98,9 +110,13 @@ def render_chat(state: ServerState, messages, add_generation_prompt: bool, tools
     if state.tokenizer is None:
         raise bad_request("this model has no tokenizer, so no chat template: use /v1/completions with token ids")
     try:
-        return state.tokenizer.apply_chat_template(plain, add_generation_prompt, tools_prompt)
+        text = state.tokenizer.apply_chat_template(plain, add_generation_prompt, tools_prompt)
     except ChatTemplateError as e:
         raise bad_request(str(e), "messages") from None
+    if continue_final:  # cut what the template closes the turn with (EOS, ...)
+        final = flatten_content(plain[-1]["content"])
+        text = text[: text.rfind(final) + len(final)]
+    return text
 
 
 def _tool_calls_text(calls, i: int) -> str:

@@ -25,8 +25,10 @@ class TextDelta:
 
 
 class IncrementalDetokenizer:
-    def __init__(self, tokenizer, stop: list[str] = (), skip_special_tokens: bool = True, min_tokens: int = 0):
+    def __init__(self, tokenizer, stop: list[str] = (), skip_special_tokens: bool = True, min_tokens: int = 0,
+                 include_stop: bool = False):
         self.tokenizer = tokenizer
+        self.include_stop = include_stop  # keep the stop string at the end of the text (vLLM's include_stop_str_in_output)
         self.min_tokens = min_tokens  # stop strings count only once this many tokens exist (vLLM)
         self.stop = list(stop)
         self.skip_special_tokens = skip_special_tokens
@@ -83,7 +85,7 @@ class IncrementalDetokenizer:
                 best = (j, s)
         if best is None:
             return False
-        self.text = self.text[: best[0]]
+        self.text = self.text[: best[0] + (len(best[1]) if self.include_stop else 0)]
         self.stopped = best[1]
         return True
 

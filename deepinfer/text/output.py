@@ -42,7 +42,8 @@ class ChoiceOutput:
     def __post_init__(self):
         sp = self.sampling_params
         self._detok = (
-            IncrementalDetokenizer(self.tokenizer, sp.stop, sp.skip_special_tokens, sp.min_tokens) if self.tokenizer is not None else None
+            IncrementalDetokenizer(self.tokenizer, sp.stop, sp.skip_special_tokens, sp.min_tokens,
+                                   sp.include_stop_str_in_output) if self.tokenizer is not None else None
         )
         if sp.stop and self._detok is None:
             raise ValueError("stop strings need a tokenizer (this model has none); use stop_token_ids")
