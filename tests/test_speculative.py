@@ -21,6 +21,7 @@ from deepinfer.models.deepseek_v4.loader import load_checkpoint
 from deepinfer.params import init_params
 from deepinfer.runtime.engine import LLMEngine
 from deepinfer.scheduler.sampling_params import SamplingParams
+from tests.bi_subprocess import run_batch_invariant
 
 GREEDY = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)
 # a sampled row (speculates: its stream differs from speculation off, its distribution does not),
@@ -237,15 +238,7 @@ def _batch_invariant_check() -> None:
 def test_batch_invariant_mode_logits_are_bitwise_those_of_speculation_off():
     """In batch-invariant mode the logits at every verified position are bitwise those of plain
     one-token decode steps, whatever the drafts (oracle drafts rejected at every position)."""
-    import os
-    import subprocess
-    import sys
-
-    env = {**os.environ, "DEEPINFER_BATCH_INVARIANT": "1"}
-    code = "import deepinfer; from tests.test_speculative import _batch_invariant_check as c; c()"
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    proc = subprocess.run([sys.executable, "-c", code], cwd=root, env=env, capture_output=True, text=True, timeout=900)
-    assert proc.returncode == 0 and "BITWISE OK" in proc.stdout, proc.stderr[-3000:]
+    run_batch_invariant("tests.test_speculative", "_batch_invariant_check")
 
 
 def test_seeded_sampling_with_drafts_is_reproducible_across_schedules(bundled):

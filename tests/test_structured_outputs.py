@@ -29,6 +29,7 @@ from deepinfer.models.deepseek_v4.loader import load_checkpoint
 from deepinfer.runtime.engine import LLMEngine
 from deepinfer.scheduler.sampling_params import SamplingParams
 from deepinfer.text.tokenizer import TextTokenizer
+from tests.bi_subprocess import run_batch_invariant
 from tests.structured_cases import (
     ARITHMETIC,
     CHOICES,
@@ -314,15 +315,7 @@ def _batch_invariant_check() -> None:
 
 def test_batch_invariant_mode_unconstrained_neighbours_are_bitwise_unchanged():
     """And the split (overlapped) constrained step gives the fused step's bits."""
-    import os
-    import subprocess
-    import sys
-
-    env = {**os.environ, "DEEPINFER_BATCH_INVARIANT": "1"}
-    code = "import deepinfer; from tests.test_structured_outputs import _batch_invariant_check as c; c()"
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    proc = subprocess.run([sys.executable, "-c", code], cwd=root, env=env, capture_output=True, text=True, timeout=900)
-    assert proc.returncode == 0 and "BITWISE OK" in proc.stdout, proc.stderr[-3000:]
+    run_batch_invariant("tests.test_structured_outputs", "_batch_invariant_check")
 
 
 def test_warm_structured_compiles_the_split_step_so_nothing_compiles_later(bundled):
