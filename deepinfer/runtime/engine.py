@@ -221,17 +221,17 @@ class LLMEngine:
 
     def _run(self, plan: StepPlan, shape: PlanShape):
         """Dispatch one step (asynchronous: returns device arrays)."""
-        return self._run_sample(plan, shape, self._run_forward(plan, shape, fused=True))
+        return self._run_sample(plan, shape, (*self._pack(plan, shape), None))
 
-    def _run_forward(self, plan: StepPlan, shape: PlanShape, fused: bool = False):
-        """Pack the plan and, unless ``fused``, dispatch the model half of its step (structured
-        outputs with overlap: the grammar masks are filled while it runs). Returns what
-        ``_run_sample`` needs."""
+    def _pack(self, plan: StepPlan, shape: PlanShape) -> tuple[jax.Array, jax.Array]:
         ints, floats = pack(plan, self.pools, shape, self.layout.num_slots, self._seeds,
                             self.cfg.vocab_size, self.cfg.eos_token_ids)
-        ints, floats = jnp.asarray(ints), jnp.asarray(floats)
-        if fused:
-            return ints, floats, None
+        return jnp.asarray(ints), jnp.asarray(floats)
+
+    def _run_forward(self, plan: StepPlan, shape: PlanShape):
+        """Dispatch the model half of a step (structured outputs with overlap: the grammar masks
+        are filled while it runs). Returns what ``_run_sample`` needs."""
+        ints, floats = self._pack(plan, shape)
         with CompileCounter() as counter:
             fwd, self.state = paged_forward_jit(self.family, self.cfg, self.layout, shape, self.params, self.state,
                                                 ints, floats)
@@ -239,7 +239,8 @@ class LLMEngine:
         return ints, floats, fwd
 
     def _run_sample(self, plan: StepPlan, shape: PlanShape, pending):
-        """Fill the plan's grammar masks and dispatch the (rest of the) step."""
+        """Fill the plan's grammar masks and dispatch the step (``pending``: packed inputs and, after
+        ``_run_forward``, its model half; without one the whole step runs as one program)."""
         ints, floats, fwd = pending
         bitmask = self._bitmask(plan, shape)
         with CompileCounter() as counter:
@@ -299,27 +300,24 @@ class LLMEngine:
         dispatched = None
         finished: list[Request] = []
         prev = self._inflight
+        # with overlap, a step with constrained rows dispatches its model half first; its grammar
+        # masks need step N's tokens, so only the sampling half waits until step N is read
+        split = self.overlap and self._masks_needed(plan)
         try:
-            if self.overlap and self._masks_needed(plan):
-                # the model half runs while step N is read and this step's grammar masks are filled
-                # (they need step N's tokens); only the sampling half waits for them
+            if split:
                 shape = self._shape_for(plan)
                 pending = self._run_forward(plan, shape)
+            elif plan.scheduled:
+                dispatched = (plan, *self._run(plan, self._shape_for(plan)))
+            if plan.scheduled:
                 self.num_steps += 1
+            if self.overlap:
                 self._inflight = None
                 if prev is not None:
                     finished = self._process(*prev)
-                self._inflight = (plan, *self._run_sample(plan, shape, pending))
-            else:
-                if plan.scheduled:
-                    dispatched = (plan, *self._run(plan, self._shape_for(plan)))
-                    self.num_steps += 1
-                if self.overlap:
-                    if self._inflight is not None:
-                        finished = self._process(*self._inflight)
-                    self._inflight = dispatched
-                elif dispatched is not None:
-                    finished = self._process(*dispatched)
+                self._inflight = (plan, *self._run_sample(plan, shape, pending)) if split else dispatched
+            elif dispatched is not None:
+                finished = self._process(*dispatched)
         except Exception as exc:
             plans = [plan] + ([prev[0]] if prev is not None else [])
             raise StepFailed(exc, self._recover(plans, exc)) from exc

@@ -15,6 +15,7 @@ import jax
 import jax.numpy as jnp
 
 from deepinfer.config import ModelConfig
+from deepinfer.grammar.step_mask import bitmask_words
 from deepinfer.kv.paged_state import EngineState
 from deepinfer.models.interface import FlatBatch, ModelFamily, PagedLayout
 from deepinfer.numerics import per_token
@@ -167,7 +168,7 @@ def sample_half(
     drafted = tokens[jnp.clip(grid + 1, 0, num_tokens - 1)]
     has_draft = j < rows.num_draft[:, None]
     tiled = cfg.batch_invariant  # rows and tokens in fixed tiles, as inside the model
-    words = -(-cfg.vocab_size // 32)
+    words = bitmask_words(cfg.vocab_size)
     if bitmask is None:
         bitmask = jnp.full((rows.slot.shape[0], width, words), -1, jnp.int32)
     sampled, ok, logits, logprobs = per_token(tiled, sample_rows, hidden[grid.reshape(-1)], grid_rows,

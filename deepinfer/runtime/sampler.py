@@ -15,14 +15,19 @@ import jax.numpy as jnp
 from deepinfer.numerics import fixed_sum
 
 
-def sampling_noise(seeds: jax.Array, positions: jax.Array, vocab: int, salt: int = 0) -> jax.Array:
-    """Gumbel noise [B, V] for each sequence's (seed, position)."""
+def position_draws(seeds: jax.Array, positions: jax.Array, salt: int, draw) -> jax.Array:
+    """draw(key) for each sequence's key fold_in(fold_in(key(seed), salt), position): every random
+    number the sampler uses comes from here, a pure function of (seed, salt, position)."""
 
     def one(seed, pos):
-        key = jax.random.fold_in(jax.random.fold_in(jax.random.key(seed), salt), pos)
-        return jax.random.gumbel(key, (vocab,), jnp.float32)
+        return draw(jax.random.fold_in(jax.random.fold_in(jax.random.key(seed), salt), pos))
 
     return jax.vmap(one)(seeds.astype(jnp.uint32), positions.astype(jnp.int32))
+
+
+def sampling_noise(seeds: jax.Array, positions: jax.Array, vocab: int, salt: int = 0) -> jax.Array:
+    """Gumbel noise [B, V] for each sequence's (seed, position)."""
+    return position_draws(seeds, positions, salt, lambda key: jax.random.gumbel(key, (vocab,), jnp.float32))
 
 
 def apply_logit_bias(logits: jax.Array, ids: jax.Array, values: jax.Array) -> jax.Array:
@@ -107,19 +112,13 @@ def sample(
     temperature: jax.Array,
     top_k: jax.Array,
     top_p: jax.Array,
-    salt: int = 0,
     min_p: jax.Array | None = None,
 ) -> jax.Array:
-    """Next tokens [B] from logits [B, V]; temperature <= 0 means greedy (argmax)."""
-    greedy = jnp.argmax(logits, axis=-1).astype(jnp.int32)
-
-    def sampled(_):
-        filtered = filter_logits(logits, temperature, top_k, top_p, min_p)
-        noisy = filtered + sampling_noise(seeds, positions, logits.shape[-1], salt)
-        return jnp.where(temperature <= 0, greedy, jnp.argmax(noisy, axis=-1).astype(jnp.int32))
-
-    # An all-greedy batch skips the noise and filters entirely.
-    return jax.lax.cond(jnp.all(temperature <= 0), lambda _: greedy, sampled, None)
+    """Next tokens [B] from logits [B, V]; temperature <= 0 means greedy (argmax). The step's own
+    sampler (verify_sample) with no drafts, so what is tested here is what the engine runs."""
+    none = jnp.zeros(logits.shape[:1], jnp.int32)
+    min_p = jnp.zeros_like(top_p) if min_p is None else min_p
+    return verify_sample(logits, positions, seeds, temperature, top_k, top_p, min_p, none, none > 0)[0]
 
 
 def token_logprobs(
@@ -164,7 +163,8 @@ def verify_sample(
     (accept with min(1, p/q), else sample norm(max(0, p - q))) becomes: accept with
     probability p(draft); on rejection sample from p without the draft. The emitted token
     is then distributed exactly as p. Greedy rows accept when the draft is the argmax.
-    Rows without a draft sample as ``sample`` does (same noise), so they are unchanged.
+    Rows without a draft take the Gumbel-max sample of the filtered logits (``sample`` is this
+    with no drafts).
     """
     greedy = jnp.argmax(logits, axis=-1).astype(jnp.int32)
 
@@ -173,11 +173,7 @@ def verify_sample(
         probs = jax.nn.softmax(filtered, axis=-1)
         p_draft = jnp.take_along_axis(probs, jnp.maximum(draft, 0)[:, None], axis=-1)[:, 0]
 
-        def uniform(seed, pos):
-            key = jax.random.fold_in(jax.random.fold_in(jax.random.key(seed), ACCEPT_SALT), pos)
-            return jax.random.uniform(key, (), jnp.float32)
-
-        u = jax.vmap(uniform)(seeds.astype(jnp.uint32), positions.astype(jnp.int32))
+        u = position_draws(seeds, positions, ACCEPT_SALT, lambda key: jax.random.uniform(key, (), jnp.float32))
         accept = has_draft & (u < p_draft)
         is_draft = has_draft[:, None] & (jnp.arange(logits.shape[-1])[None, :] == draft[:, None])
         rest = jnp.where(is_draft, -jnp.inf, filtered) + sampling_noise(seeds, positions, logits.shape[-1])

@@ -85,9 +85,7 @@ async def compile_grammar(state, spec: StructuredOutputsParams | None, field: st
         hit = future.done()
         compiled = await asyncio.wait_for(asyncio.wrap_future(future), state.grammar.compile_timeout_s)
     except asyncio.TimeoutError:
-        state.grammar.stats.timeouts += 1
-        raise bad_request(f"compiling the {spec.kind} constraint took longer than "
-                          f"{state.grammar.compile_timeout_s:g} s", field) from None
+        raise bad_request(str(state.grammar.timed_out(spec, state.grammar.compile_timeout_s)), field) from None
     except (GrammarError, StructuredOutputsUnavailable) as exc:
         raise bad_request(str(exc), field) from None
     if hit:
