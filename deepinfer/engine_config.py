@@ -46,9 +46,33 @@ class EngineConfig:
     # warm-up also compiles the two halves a constrained step runs as with overlap (twice the programs:
     # off by default, so they compile on the first constrained step of each shape instead)
     warm_structured: bool = False
+    # prefix caching (scheduler/prefix_cache.py), vLLM's --enable-prefix-caching: blocks of
+    # prefix_block_size tokens; snapshots of the per-slot state every prefix_checkpoint_interval
+    # prompt tokens and at every prompt's end ("snapshot": exact replay of at most the interval), or
+    # "recompute": no snapshots, the family's replay horizon replayed from an empty slot state
+    enable_prefix_caching: bool = True
+    prefix_block_size: int | None = None  # None: 16, or less where a pool's page spans fewer tokens
+    prefix_checkpoint_interval: int = 512
+    prefix_replay: str = "snapshot"
+    prefix_snapshots: int | None = None  # snapshot store entries (None: 4 per slot)
+    # check the allocator invariant after every step (tests; env DEEPINFER_CHECK_INVARIANTS=1)
+    check_invariants: bool = field(default_factory=lambda: os.environ.get("DEEPINFER_CHECK_INVARIANTS") == "1")
 
     def __post_init__(self):
         self.num_speculative_tokens()  # refuse bad values at construction, naming them
+        if self.prefix_replay not in ("snapshot", "recompute"):
+            raise ValueError(f"prefix_replay must be 'snapshot' or 'recompute', got {self.prefix_replay!r}")
+        for key in ("prefix_block_size", "prefix_checkpoint_interval"):
+            if getattr(self, key) is not None and getattr(self, key) < 1:
+                raise ValueError(f"{key} must be >= 1, got {getattr(self, key)}")
+        if self.prefix_block_size and self.prefix_checkpoint_interval % self.prefix_block_size:
+            raise ValueError(f"prefix_checkpoint_interval ({self.prefix_checkpoint_interval}) must be a multiple of "
+                             f"prefix_block_size ({self.prefix_block_size})")
+        if self.prefix_snapshots is not None and self.prefix_snapshots < 0:
+            raise ValueError(f"prefix_snapshots must be >= 0, got {self.prefix_snapshots}")
+
+    def num_prefix_snapshots(self) -> int:
+        return 4 * self.max_num_seqs if self.prefix_snapshots is None else self.prefix_snapshots
 
     def num_speculative_tokens(self) -> int:
         """Drafts per decode row (0: speculation off)."""

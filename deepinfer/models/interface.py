@@ -38,6 +38,12 @@ class FlatBatch:
     start: jax.Array  # flat index of the request's first token in the step
     end: jax.Array  # length + tokens of the request in the step
     tables: dict
+    # Prefix caching (None: 0 for every token). A token at a position below ``write_from`` writes
+    # no pool rows: its request shares those rows from the cache (the replay of a prefix hit).
+    # Per-slot entries for positions below ``history_start`` do not exist (a replay that starts
+    # from an empty slot state): reads must treat them as never filled.
+    write_from: Optional[jax.Array] = None
+    history_start: Optional[jax.Array] = None
 
 
 @dataclass(frozen=True)
@@ -110,3 +116,8 @@ class ModelFamily(Protocol):
 
     def check_draft(self, cfg, params: dict) -> None:
         """Raise ValueError naming what is missing when this config / these weights cannot draft."""
+
+    def replay_horizon(self, cfg, layout: PagedLayout) -> Optional[int]:
+        """Prefix caching without snapshots: how many tokens before a position determine the
+        per-slot state there exactly (replaying that many from an empty slot state rebuilds it).
+        0: the family has no per-slot state; None: unbounded (recurrent state), snapshots only."""

@@ -26,7 +26,6 @@ from __future__ import annotations
 import itertools
 import logging
 import time
-from dataclasses import dataclass, field
 
 import jax
 import jax.numpy as jnp
@@ -41,11 +40,13 @@ from deepinfer.models.registry import family_for
 from deepinfer.runtime import recovery
 from deepinfer.runtime.batch_invariance import check_xla
 from deepinfer.runtime.compile_guard import CompileCounter
+from deepinfer.runtime.engine_stats import EngineStats, engine_stats, kv_usage
 from deepinfer.runtime.paged_step import (
     paged_forward_jit,
     paged_sample_jit,
     paged_step_jit,
 )
+from deepinfer.runtime.prefix_runtime import PrefixRuntime, cache_settings
 from deepinfer.runtime.step_results import read_step
 from deepinfer.runtime.step_timer import StepTimer
 from deepinfer.scheduler.plan import PlanShape, pack, pick_bucket
@@ -54,23 +55,6 @@ from deepinfer.scheduler.sampling_params import MAX_BIAS_SLOTS, SamplingParams
 from deepinfer.scheduler.scheduler import Scheduler, SchedulerConfig, StepPlan
 
 log = logging.getLogger("deepinfer.runtime.engine")
-
-
-@dataclass(frozen=True)
-class EngineStats:
-    """What the engine holds now (for metrics and /debug): one read, no reaching into the scheduler."""
-
-    running: int = 0
-    waiting: int = 0
-    kv_usage: float = 0.0  # fraction of all KV pages held by requests
-    pages_used: dict[str, int] = field(default_factory=dict)  # per pool
-    slots_used: int = 0
-    num_preemptions: int = 0  # since start
-    # speculative decoding since start (vLLM's meanings: a draft is one verified row)
-    num_drafts: int = 0
-    num_draft_tokens: int = 0
-    num_accepted_tokens: int = 0
-    accepted_per_position: tuple[int, ...] = ()
 
 
 class StepFailed(RuntimeError):
@@ -107,6 +91,7 @@ class LLMEngine:
             config.max_num_seqs, config.page_size, tuple((p.name, p.num_pages) for p in self.pools), config.max_backtrack,
             draft=self.num_drafts > 0,
         )
+        prefix = cache_settings(self.family, cfg, config, self.layout)
         self.scheduler = Scheduler(
             SchedulerConfig(
                 max_num_seqs=config.max_num_seqs,
@@ -116,11 +101,13 @@ class LLMEngine:
                 pools=self.pools,
                 eos_token_ids=cfg.eos_token_ids,
                 num_speculative_tokens=self.num_drafts,
+                prefix_cache=prefix,
             )
         )
         self.token_buckets, self.row_buckets = config.buckets()
         self.max_pages = tuple(-(-(config.max_model_len // p.ratio) // p.page_size) for p in self.pools)
         self.state = init_engine_state(self.family, cfg, self.layout, self.dtype)
+        self.prefix = PrefixRuntime(self, prefix) if prefix is not None else None
         self.compiled_shapes: set[PlanShape] = set()
         self.num_compiles = 0
         self._seeds: dict[str, int] = {}
@@ -147,9 +134,10 @@ class LLMEngine:
     # -- requests -----------------------------------------------------------------
 
     def add_request(self, prompt_token_ids: list[int], sampling_params: SamplingParams | None = None,
-                    request_id: str | None = None, compiled_grammar=None) -> Request:
+                    request_id: str | None = None, compiled_grammar=None, cache_salt: str | None = None) -> Request:
         """Queue a request. A structured one compiles its grammar here unless ``compiled_grammar``
-        (from ``self.grammar.compile``/``submit``, e.g. awaited off the engine thread) is given."""
+        (from ``self.grammar.compile``/``submit``, e.g. awaited off the engine thread) is given.
+        ``cache_salt``: requests with different salts share no prefix-cache entries (tenants)."""
         sp = sampling_params or SamplingParams()
         if sp.n != 1:
             raise ValueError(f"LLMEngine runs one sequence per request: split n={sp.n} with SamplingParams.choices()")
@@ -167,7 +155,9 @@ class LLMEngine:
         rid = request_id if request_id is not None else f"req-{next(self._ids)}"
         if rid in self._seeds:
             raise ValueError(f"request id {rid!r} is already in use")
-        req = Request(rid, ids, sp)
+        if cache_salt is not None and not isinstance(cache_salt, str):
+            raise ValueError(f"cache_salt must be a string, got {type(cache_salt).__name__}")
+        req = Request(rid, ids, sp, cache_salt=cache_salt)
         if sp.structured_outputs is not None:
             if self.grammar is None:
                 raise StructuredOutputsUnavailable("structured outputs need the model's tokenizer: this engine has none")
@@ -185,25 +175,11 @@ class LLMEngine:
         self._seeds.pop(req.request_id, None)
 
     def kv_usage(self) -> float:
-        """Fraction of the KV pages (all pools together) held by requests, in [0, 1]."""
-        pools = self.scheduler.pools.values()
-        total = sum(p.num_pages for p in pools)
-        return sum(p.num_pages - p.num_free for p in pools) / total if total else 0.0
+        """Fraction of the KV pages held by requests (engine_stats.py)."""
+        return kv_usage(self.scheduler)
 
     def stats(self) -> EngineStats:
-        sched = self.scheduler
-        return EngineStats(
-            running=len(sched.running),
-            waiting=len(sched.waiting),
-            kv_usage=self.kv_usage(),
-            pages_used={name: p.num_pages - p.num_free for name, p in sched.pools.items()},
-            slots_used=sched.slots.num_slots - sched.slots.num_free,
-            num_preemptions=sched.num_preemptions,
-            num_drafts=sched.spec_stats.num_drafts,
-            num_draft_tokens=sched.spec_stats.num_draft_tokens,
-            num_accepted_tokens=sched.spec_stats.num_accepted_tokens,
-            accepted_per_position=tuple(sched.spec_stats.accepted_per_position[: self.num_drafts]),
-        )
+        return engine_stats(self)
 
     @property
     def has_unfinished(self) -> bool:
@@ -224,6 +200,7 @@ class LLMEngine:
         return self._run_sample(plan, shape, (*self._pack(plan, shape), None))
 
     def _pack(self, plan: StepPlan, shape: PlanShape) -> tuple[jax.Array, jax.Array]:
+        self._apply_cache_ops(plan)
         ints, floats = pack(plan, self.pools, shape, self.layout.num_slots, self._seeds,
                             self.cfg.vocab_size, self.cfg.eos_token_ids)
         return jnp.asarray(ints), jnp.asarray(floats)
@@ -277,6 +254,12 @@ class LLMEngine:
                 (shape.num_rows, shape.num_drafts + 1, self.bitmask_words), -1, jnp.int32)
         return self._unconstrained[shape.num_rows]
 
+    def _apply_cache_ops(self, plan: StepPlan) -> None:
+        """The plan's prefix-cache operations (snapshots, restores, page copies), dispatched before its step."""
+        if plan.cache:
+            ops, plan.cache = plan.cache, type(plan.cache)()
+            self.prefix.apply(ops)
+
     @staticmethod
     def _masks_needed(plan: StepPlan) -> bool:
         return any(r.grammar is not None and plan.samples(r) for r, _ in plan.scheduled)
@@ -311,6 +294,8 @@ class LLMEngine:
                 dispatched = (plan, *self._run(plan, self._shape_for(plan)))
             if plan.scheduled:
                 self.num_steps += 1
+            else:
+                self._apply_cache_ops(plan)  # snapshots of requests that just left must not wait
             if self.overlap:
                 self._inflight = None
                 if prev is not None:
@@ -321,6 +306,8 @@ class LLMEngine:
         except Exception as exc:
             plans = [plan] + ([prev[0]] if prev is not None else [])
             raise StepFailed(exc, self._recover(plans, exc)) from exc
+        if self.config.check_invariants:
+            self.scheduler.check_invariant()
         self.last_host_s = time.perf_counter() - t_start - self.last_wait_s
         self.host_s += self.last_host_s
         if dispatched is None and self._inflight is None and not finished and self.scheduler.has_unfinished:
@@ -353,6 +340,8 @@ class LLMEngine:
                 progress(1)
         if costs:
             self.scheduler.step_cost = self._cost_model(costs)
+        if self.prefix is not None:
+            self.prefix.warmup()
         if self.step_timer is not None:  # warm-up steps are not serving steps
             self.step_timer.drain()
             self.step_timer.reset()

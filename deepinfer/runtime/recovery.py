@@ -36,6 +36,9 @@ def reset(engine) -> None:
     for req in sched.waiting:
         del req.output_token_ids[req.num_resolved :]
     engine.state = init_engine_state(engine.family, engine.cfg, engine.layout, engine.dtype)
+    sched.reset_cache()  # cached pages and snapshots lived in the old state
+    if engine.prefix is not None:
+        engine.prefix.reset()
 
 
 def probe(engine, group: list[Request]) -> Exception | None:

@@ -44,6 +44,8 @@ class RowFields(NamedTuple):
     logprobs: jax.Array  # 1: report log-probabilities
     prompt_len: jax.Array
     num_draft: jax.Array  # the row's last num_draft tokens are drafts to verify (speculative decoding)
+    write_from: jax.Array  # prefix hit: positions below write no pool rows (shared from the cache)
+    history_start: jax.Array  # replay from an empty slot state: per-slot entries below do not exist
     temperature: jax.Array  # float32 from here on
     top_p: jax.Array
     min_p: jax.Array
@@ -87,4 +89,6 @@ def flat_batch(tok: TokenFields, rows: RowFields, tables: dict) -> FlatBatch:
         start=rows.start[row],
         end=rows.length[row] + rows.n_new[row],
         tables={name: table[row] for name, table in tables.items()},
+        write_from=rows.write_from[row],
+        history_start=rows.history_start[row],
     )

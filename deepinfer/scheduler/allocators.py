@@ -49,6 +49,17 @@ class PageAllocator:
             if self._refs[p] == 0:
                 self._free.append(p)
 
+    def check_refs(self, expected: list[int]) -> None:
+        """Invariant: each page's reference count is what its holders account for (requests and
+        cache blocks), and the free list holds exactly the unreferenced pages, once each."""
+        if self._refs != expected:
+            bad = [(p, r, e) for p, (r, e) in enumerate(zip(self._refs, expected)) if r != e]
+            raise AssertionError(f"pool {self.name!r}: (page, refs, holders) disagree: {bad[:10]}")
+        free = [p for p, r in enumerate(self._refs) if r == 0]
+        if sorted(self._free) != free:
+            raise AssertionError(f"pool {self.name!r}: the free list {sorted(self._free)[:20]} is not the "
+                                 f"unreferenced pages {free[:20]}")
+
     def check_all_free(self) -> None:
         """Invariant after a workload drains: every page back on the free list, exactly once."""
         if sorted(self._free) != list(range(self.num_pages)) or any(self._refs):

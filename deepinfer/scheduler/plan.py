@@ -11,6 +11,8 @@ tokens are marked invalid and padding rows point at out-of-range slots and pages
                    ending mid-prompt; -1 otherwise; feeds the drafter)
     slot[R] length[R] n_new[R] start[R] sample[R] seed[R] top_k[R] logprobs[R] (1: report log-probabilities)
     prompt_len[R] num_draft[R] (the row's last num_draft tokens are drafts to verify)
+    write_from[R] (prefix hit: positions below write no pool rows, the cache's pages hold them)
+    history_start[R] (replay from an empty slot state: per-slot entries below do not exist)
     block_table[pool][R, max_pages]   (one per pool, in PoolSpec order)
     bias_ids[R, MAX_BIAS_SLOTS]       (vocab size: unused slot)
 
@@ -29,7 +31,8 @@ from deepinfer.scheduler.sampling_params import MAX_BIAS_SLOTS
 from deepinfer.scheduler.scheduler import PoolSpec, StepPlan
 
 INT_FIELDS_T = ("tokens", "positions", "token_row", "valid", "next_prompt_token", "next_token")
-INT_FIELDS_R = ("slot", "length", "n_new", "start", "sample", "seed", "top_k", "logprobs", "prompt_len", "num_draft")
+INT_FIELDS_R = ("slot", "length", "n_new", "start", "sample", "seed", "top_k", "logprobs", "prompt_len", "num_draft",
+                "write_from", "history_start")
 FLOAT_FIELDS_R = ("temperature", "top_p", "min_p", "repetition_penalty", "presence_penalty", "frequency_penalty")
 
 
@@ -118,6 +121,8 @@ def pack(
         row["logprobs"][i] = int(sp.logprobs is not None)
         row["prompt_len"][i] = len(req.prompt_token_ids)
         row["num_draft"][i] = len(drafts)
+        row["write_from"][i] = req.shared_until
+        row["history_start"][i] = req.history_start
         flo["temperature"][i] = sp.temperature
         flo["top_p"][i] = sp.top_p
         flo["min_p"][i] = sp.min_p

@@ -51,6 +51,12 @@ class Request:
     num_accepted_tokens: int = 0  # of which accepted
     # structured outputs: the request's grammar matcher (grammar/step_mask.RequestGrammar), host only
     grammar: Any = None
+    # prefix caching (scheduler/prefix_cache.py): tenants with different salts share nothing
+    cache_salt: str | None = None
+    num_cached_tokens: int = 0  # prompt tokens the last admission skipped (vLLM's num_cached_tokens)
+    shared_until: int = 0  # positions below write no pool rows: their rows are the cache's pages
+    history_start: int = 0  # a replay from an empty slot state starts here (checkpoint-free mode)
+    cache_nodes: list = field(default_factory=list)  # the cache blocks this request holds (hit or written)
 
     @property
     def num_resolved(self) -> int:

@@ -31,7 +31,9 @@ import collections
 import time
 from dataclasses import dataclass, field
 
+from deepinfer.scheduler import prefix_steps
 from deepinfer.scheduler.allocators import OutOfPages, PageAllocator, SlotAllocator
+from deepinfer.scheduler.prefix_cache import CacheSettings, PrefixCache
 from deepinfer.scheduler.request import Request, RequestStatus
 from deepinfer.scheduler.speculation import SpecStats, num_drafts_for, plan_drafts
 
@@ -59,6 +61,7 @@ class SchedulerConfig:
     pools: tuple[PoolSpec, ...] = ()
     eos_token_ids: tuple[int, ...] = ()
     num_speculative_tokens: int = 0  # > 0: decode rows may carry up to this many drafts (speculation.py)
+    prefix_cache: CacheSettings | None = None  # None: prefix caching off
 
     def __post_init__(self):
         for key in ("max_num_seqs", "max_num_batched_tokens", "max_model_len", "num_slots"):
@@ -80,6 +83,7 @@ class StepPlan:
     starts: dict[str, int] = field(default_factory=dict)
     outputs: dict[str, int] = field(default_factory=dict)
     drafts: dict[str, list[int]] = field(default_factory=dict)
+    cache: prefix_steps.CacheOps = field(default_factory=prefix_steps.CacheOps)  # run before the step
 
     @property
     def num_tokens(self) -> int:
@@ -109,6 +113,11 @@ class Scheduler:
         self.slots = SlotAllocator(config.num_slots)
         self.pools = {p.name: PageAllocator(p.name, p.num_pages) for p in config.pools}
         self._specs = {p.name: p for p in config.pools}
+        self.cache = None
+        if config.prefix_cache is not None:
+            spans = {p.name: (p.ratio, p.page_size) for p in config.pools}
+            self.cache = PrefixCache(config.prefix_cache, self.pools, spans)
+        self._queued_saves: list[tuple[int, int]] = []  # snapshots to take before the next step
         for spec in config.pools:  # so that any single admitted request can always run
             if spec.pages_for(config.max_model_len) > spec.num_pages:
                 raise ValueError(f"pool {spec.name!r} cannot hold even one request of max_model_len tokens")
@@ -172,20 +181,31 @@ class Scheduler:
                 continue
             limit = self.config.num_speculative_tokens if limits is None else limits.get(req.request_id, 0)
             k = num_drafts_for(req, limit, budget, self.config.max_model_len)
-            n = min(req.num_pending, budget) + k
+            n = prefix_steps.chunk_end(self.cache, req, min(req.num_pending, budget)) + k
             if not self._grow_or_preempt(req, n, plan):
                 continue  # req itself was preempted; the list shifted
             plan.add(req, n, req.drafts[:k])
             budget -= n
             i += 1
         if plan.preempted:
-            return plan  # memory is short: admit nobody new this step
+            return self._finish_plan(plan)  # memory is short: admit nobody new this step
         while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
             req = self.waiting[0]
-            n = min(req.num_pending, budget)
-            if self.slots.num_free == 0 or not self._can_grow(req, n):
+            if self.slots.num_free == 0:
+                break
+            hit = prefix_steps.lookup(self.cache, req)
+            copies = prefix_steps.admit(self.cache, req, hit) if hit is not None else None
+            if copies is None:
+                hit = None
+            n = prefix_steps.chunk_end(self.cache, req, min(req.num_pending, budget))
+            if not self._can_grow(req, n):
+                if hit is not None:
+                    prefix_steps.undo(self.cache, req, hit)
                 break  # FCFS: never skip the head of the queue
             req.slot = self.slots.allocate()
+            prefix_steps.account(self.cache, req, hit)
+            if hit is not None:
+                prefix_steps.plan_restore(plan.cache, req, hit, copies)
             if req.first_scheduled_time is None:
                 req.first_scheduled_time = time.monotonic()
             self._grow(req, n)
@@ -194,6 +214,14 @@ class Scheduler:
             self.running.append(req)
             plan.add(req, n)
             budget -= n
+        return self._finish_plan(plan)
+
+    def _finish_plan(self, plan: StepPlan) -> StepPlan:
+        """Snapshots queued so far run before this step; what it computes is cached after it."""
+        plan.cache.saves, self._queued_saves = self._queued_saves, []
+        if self.cache is not None:
+            prefix_steps.after_schedule(self.cache, plan, self._queued_saves)
+            self.cache.pinned.clear()  # the restores are in this plan: nothing can overwrite them before
         return plan
 
     def update(self, plan: StepPlan, sampled: dict[str, int | list[int]]) -> list[Request]:
@@ -227,6 +255,8 @@ class Scheduler:
                 del req.output_token_ids[index + 1 :]  # placeholders of steps run past the stop
                 if req.status == RequestStatus.RUNNING:
                     self.running.remove(req)
+                    if self.cache is not None:  # a multi-turn chat continues from here
+                        prefix_steps.on_leave(self.cache, req, self._queued_saves)
                 elif req.status == RequestStatus.WAITING:
                     self.waiting.remove(req)  # preempted while its last token was in flight
                 self._release(req)
@@ -235,10 +265,35 @@ class Scheduler:
         return finished
 
     def check_all_free(self) -> None:
-        """Allocator invariant: with no request left, every page and slot is free."""
+        """Allocator invariant with no request left: every slot free, every page free or cached."""
         self.slots.check_all_free()
-        for pool in self.pools.values():
-            pool.check_all_free()
+        if self.running:
+            raise AssertionError(f"requests still running: {[r.request_id for r in self.running]}")
+        self.check_invariant()
+
+    def check_invariant(self) -> None:
+        """Every page is free, held by requests or held by cache blocks, its reference count the
+        number of holders; running requests own distinct slots."""
+        expected = {name: [0] * pool.num_pages for name, pool in self.pools.items()}
+        for req in self.running:
+            for name, pages in req.pages.items():
+                for page in pages:
+                    expected[name][page] += 1
+        if self.cache is not None:
+            for name, refs in self.cache.page_refs().items():
+                for page, n in refs.items():
+                    expected[name][page] += n
+        for name, pool in self.pools.items():
+            pool.check_refs(expected[name])
+        slots = [r.slot for r in self.running]
+        if len(set(slots)) != len(slots) or None in slots:
+            raise AssertionError(f"running requests' slots are not distinct: {slots}")
+
+    def reset_cache(self) -> None:
+        """The device state was rebuilt: cached pages and snapshots are gone (requests hold none)."""
+        self._queued_saves = []
+        if self.cache is not None:
+            self.cache.clear()
 
     # -- internals --------------------------------------------------------------
 
@@ -266,7 +321,13 @@ class Scheduler:
         return {name: spec.pages_for(end) - len(req.pages.get(name, ())) for name, spec in self._specs.items()}
 
     def _can_grow(self, req: Request, n: int) -> bool:
-        return all(m <= self.pools[name].num_free for name, m in self._pages_missing(req, n).items())
+        """Whether req can get pages for n more tokens (evicting cached pages nobody holds if needed)."""
+        missing = self._pages_missing(req, n)
+        if self.cache is not None:
+            for name, m in missing.items():
+                if m > self.pools[name].num_free:
+                    self.cache.evict(name, m)
+        return all(m <= self.pools[name].num_free for name, m in missing.items())
 
     def _grow(self, req: Request, n: int) -> None:
         for name, missing in self._pages_missing(req, n).items():
@@ -294,6 +355,8 @@ class Scheduler:
 
     def _preempt(self, req: Request) -> None:
         self.running.remove(req)
+        if self.cache is not None:  # it resumes from its own snapshot
+            prefix_steps.on_leave(self.cache, req, self._queued_saves)
         self._release(req)
         req.num_computed = 0
         req.drafts, req.draft_confidence = [], []
@@ -306,6 +369,9 @@ class Scheduler:
         for name, pages in req.pages.items():
             self.pools[name].free(pages)
         req.pages = {}
+        req.shared_until = req.history_start = 0
+        if self.cache is not None:
+            self.cache.release(req.cache_nodes)
         if req.slot is not None:
             self.slots.free(req.slot)
             req.slot = None

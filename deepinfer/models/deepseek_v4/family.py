@@ -41,6 +41,9 @@ class DeepSeekV4:
         return paged_mtp.draft_forward(cfg, params, model_state, hidden, next_tokens, batch, page_size, draft_from,
                                        draft_valid, num_drafts)
 
+    def replay_horizon(self, cfg, layout):
+        return state.replay_horizon(cfg, layout)
+
     def check_draft(self, cfg, params):
         if not cfg.num_nextn_predict_layers:
             raise ValueError("speculative decoding needs an MTP block: the config has num_nextn_predict_layers = 0")

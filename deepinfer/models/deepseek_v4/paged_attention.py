@@ -76,6 +76,8 @@ def paged_compressor(cfg, p, st, inputs: dict, fb: FlatBatch, ratio, head_dim, o
     position from the slot's ring or the step itself, so each row is a per-token computation."""
     ring = st["compressor"]
     closes = fb.valid & (jnp.mod(fb.positions + 1, ratio) == 0)
+    if fb.write_from is not None:  # a prefix hit's replay: those rows are shared from the cache
+        closes = closes & (fb.positions >= fb.write_from)
     w = jnp.maximum((fb.positions + 1) // ratio - 1, 0)
 
     def rows_for(w_t, length_t, start_t, slot_t):
@@ -153,14 +155,16 @@ def paged_attention(cfg: ModelConfig, p: dict, layer_type: str, st: dict, x: jax
     # -- the exchange: data movement only --
     ring = st["window"]
     new_st = {"window": _write_ring(ring, a["kv"], fb)}
+    # positions before history_start were never processed into this slot (a replay from an empty state)
+    first = jnp.zeros_like(fb.positions) if fb.history_start is None else fb.history_start
     if tiled:
         window_pos = fb.positions[:, None] - jnp.arange(cfg.sliding_window - 1, -1, -1)[None, :]
-        own_keys = [(_by_position(ring, a["kv"], fb, jnp.maximum(window_pos, 0)), window_pos >= 0)]
+        own_keys = [(_by_position(ring, a["kv"], fb, jnp.maximum(window_pos, 0)), window_pos >= first[:, None])]
         step_mask = None
     else:
         ring_pos = ring_positions(fb.length, ring.shape[1])
         d = fb.positions[:, None] - ring_pos
-        own_keys = [(_take_slots(ring, fb.slot), (ring_pos >= 0) & (d >= 0) & (d < cfg.sliding_window))]
+        own_keys = [(_take_slots(ring, fb.slot), (ring_pos >= first[:, None]) & (d >= 0) & (d < cfg.sliding_window))]
         d2 = fb.positions[:, None] - fb.positions[None, :]
         step_mask = (fb.row[:, None] == fb.row[None, :]) & fb.valid[None, :] & (d2 >= 0) & (d2 < cfg.sliding_window)
     rows = visible = index_rows = None

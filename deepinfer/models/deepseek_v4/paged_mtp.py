@@ -71,7 +71,8 @@ def draft_forward(cfg: ModelConfig, params: dict, state: dict, hidden: jax.Array
     for i in range(1, num_drafts):
         pos = q + i
         one = FlatBatch(positions=pos, valid=draft_valid, row=rows, slot=fb.slot[idx], length=pos, start=rows,
-                        end=pos + 1, tables={k: t[idx] for k, t in fb.tables.items()})
+                        end=pos + 1, tables={k: t[idx] for k, t in fb.tables.items()},
+                        history_start=None if fb.history_start is None else fb.history_start[idx])
         logits, streams, st = mtp_step(cfg, params, st, streams, token, one, page_size)
         token, conf = _greedy(logits)
         drafts.append(token)

@@ -44,6 +44,29 @@ def compressor_keep(cfg: ModelConfig, layer_type: str, max_backtrack: int) -> in
     return (2 if layer_type == CSA else 1) * cfg.compress_ratio(layer_type) + max_backtrack
 
 
+def _reach(cfg: ModelConfig, layer_type: str) -> int:
+    """How far back a layer's per-slot state at a position reaches into its inputs: the window,
+    or the compressor ring's open windows (CSA: and the one before)."""
+    reach = cfg.sliding_window - 1
+    if layer_type in (CSA, HCA):
+        reach = max(reach, (2 if layer_type == CSA else 1) * cfg.compress_ratio(layer_type) - 1)
+    return reach
+
+
+def replay_horizon(cfg: ModelConfig, layout: PagedLayout) -> int:
+    """Tokens whose replay from an empty slot state rebuilds every per-slot leaf exactly.
+
+    Layer l's input at t depends on the tokens back to t - (l - 1)(W - 1) (each earlier layer
+    attends over W - 1 tokens before; compressed rows come from the cache), and its state at
+    position H needs inputs back to H - reach(l). The MTP block reads the last layer's
+    streams and lags one token. Plus one: the state at H is that after token H - 1."""
+    w = cfg.sliding_window - 1
+    horizon = max(i * w + _reach(cfg, t) for i, t in enumerate(cfg.layer_types))
+    if layout.draft:
+        horizon = max(horizon, len(cfg.layer_types) * w + _reach(cfg, cfg.mtp_layer_types[0]) + 1)
+    return horizon + 1
+
+
 def pools(cfg: ModelConfig) -> tuple[PoolInfo, ...]:
     return tuple(PoolInfo(POOL_OF_LAYER[t], cfg.compress_ratio(t)) for t in (CSA, HCA) if t in cfg.layer_types)
 

@@ -1,0 +1,72 @@
+"""What an engine holds now, for metrics and /debug: one read, no reaching into the scheduler."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class EngineStats:
+    """What the engine holds now (for metrics and /debug): one read, no reaching into the scheduler."""
+
+    running: int = 0
+    waiting: int = 0
+    kv_usage: float = 0.0  # fraction of all KV pages held by requests
+    pages_used: dict[str, int] = field(default_factory=dict)  # per pool
+    slots_used: int = 0
+    num_preemptions: int = 0  # since start
+    # speculative decoding since start (vLLM's meanings: a draft is one verified row)
+    num_drafts: int = 0
+    num_draft_tokens: int = 0
+    num_accepted_tokens: int = 0
+    accepted_per_position: tuple[int, ...] = ()
+    # prefix caching since start: tokens looked up / skipped by hits; pages only the cache holds
+    prefix_queries: int = 0
+    prefix_hits: int = 0
+    prefix_replayed: int = 0
+    pages_cached: dict[str, int] = field(default_factory=dict)
+    pages_free: dict[str, int] = field(default_factory=dict)
+    cached_blocks: int = 0
+    snapshots: int = 0
+
+
+def pages_cached(sched) -> dict[str, int]:
+    """Per pool: pages only the prefix cache holds (evictable when a request needs room)."""
+    if sched.cache is None:
+        return {name: 0 for name in sched.pools}
+    held = {name: {p for r in sched.running for p in r.pages.get(name, ())} for name in sched.pools}
+    return {name: len(set(refs) - held[name]) for name, refs in sched.cache.page_refs().items()}
+
+
+def kv_usage(sched) -> float:
+    """Fraction of the KV pages (all pools together) held by requests, in [0, 1]; pages only the
+    prefix cache holds count as free, as in vLLM."""
+    pools = sched.pools.values()
+    total = sum(p.num_pages for p in pools)
+    cached = sum(pages_cached(sched).values())
+    return (sum(p.num_pages - p.num_free for p in pools) - cached) / total if total else 0.0
+
+
+def engine_stats(engine) -> EngineStats:
+    sched = engine.scheduler
+    cache, cached = sched.cache, pages_cached(sched)
+    spec = sched.spec_stats
+    return EngineStats(
+        running=len(sched.running),
+        waiting=len(sched.waiting),
+        kv_usage=kv_usage(sched),
+        pages_used={name: p.num_pages - p.num_free - cached[name] for name, p in sched.pools.items()},
+        slots_used=sched.slots.num_slots - sched.slots.num_free,
+        num_preemptions=sched.num_preemptions,
+        num_drafts=spec.num_drafts,
+        num_draft_tokens=spec.num_draft_tokens,
+        num_accepted_tokens=spec.num_accepted_tokens,
+        accepted_per_position=tuple(spec.accepted_per_position[: engine.num_drafts]),
+        prefix_queries=cache.queries if cache else 0,
+        prefix_hits=cache.hits if cache else 0,
+        prefix_replayed=cache.replayed if cache else 0,
+        pages_cached=cached,
+        pages_free={name: p.num_free for name, p in sched.pools.items()},
+        cached_blocks=cache.num_blocks if cache else 0,
+        snapshots=cache.num_snapshots_held if cache else 0,
+    )
