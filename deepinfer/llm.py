@@ -50,6 +50,7 @@ class RequestOutput:
     finished: bool = True
     # when asked for: None for the first prompt token, then (logprob, top ids, top logprobs) per token
     prompt_logprobs: list | None = None
+    num_cached_tokens: int = 0  # prompt tokens the prefix cache let the engine skip (vLLM's name)
 
 
 class LLM:
@@ -91,9 +92,13 @@ class LLM:
             self.engine.warmup()
 
     def _encode(self, prompt: Any) -> tuple[str | None, list[int]]:
-        if isinstance(prompt, dict):
-            if "prompt_token_ids" not in prompt:
-                raise ValueError(f"a dict prompt needs 'prompt_token_ids', got keys {sorted(prompt)}")
+        if isinstance(prompt, dict):  # vLLM's TokensPrompt / TextPrompt (cache_salt is read by generate)
+            unknown = set(prompt) - {"prompt_token_ids", "prompt", "cache_salt"}
+            if unknown or ("prompt_token_ids" in prompt) == ("prompt" in prompt):
+                raise ValueError(f"a dict prompt needs one of 'prompt_token_ids' or 'prompt' (and optionally "
+                                 f"'cache_salt'), got keys {sorted(prompt)}")
+            if "prompt" in prompt:
+                return self._encode(prompt["prompt"])
             return None, list(prompt["prompt_token_ids"])
         if isinstance(prompt, str):
             if self.tokenizer is None:
@@ -121,10 +126,11 @@ class LLM:
         results = [RequestOutput(f"{i}", text, ids) for i, (text, ids) in enumerate(encoded)]
         first_choice_reqs = []  # per prompt: the engine request of choice 0 (it holds the prompt logprobs)
         try:  # every prompt is checked before any runs: a bad one leaves nothing behind
-            for (_, ids), sp, result in zip(encoded, sampling_params, results):
+            for prompt, (_, ids), sp, result in zip(prompts, encoded, sampling_params, results):
+                salt = prompt.get("cache_salt") if isinstance(prompt, dict) else None
                 for i, choice_sp in enumerate(sp.choices()):
                     choice = ChoiceOutput(i, choice_sp, tok)
-                    req = self.engine.add_request(ids, choice_sp)
+                    req = self.engine.add_request(ids, choice_sp, cache_salt=salt)
                     tracked[req.request_id] = (req, choice)
                     result.outputs.append(choice)
                     if i == 0:
@@ -147,6 +153,7 @@ class LLM:
             if bar:
                 bar.close()
         for result, req in zip(results, first_choice_reqs):
+            result.num_cached_tokens = req.num_cached_tokens
             if req.sampling_params.prompt_logprobs is not None:
                 result.prompt_logprobs = [None] + [req.prompt_logprobs.get(p) for p in range(1, len(req.prompt_token_ids))]
             result.outputs = [_completion(c) for c in result.outputs]

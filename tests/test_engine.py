@@ -129,6 +129,15 @@ def test_llm_offline_api(checkpoint_with_tokenizer, reference_streams):
     assert text_out.prompt == "w5 w17 w3" and text_out.prompt_token_ids == [5, 17, 3]
     ids = text_out.outputs[0].token_ids
     assert text_out.outputs[0].text == " ".join(f"w{t}" for t in ids)
+    # the prefix cache: the same 60-token prompt again reuses all but its last token, unless salted apart
+    # (requests admitted in the same step cannot reuse each other: what a step computes is cached after it)
+    sp = SamplingParams(temperature=0, max_tokens=MAX_TOKENS[9])
+    (first,) = llm.generate([{"prompt_token_ids": prompts[9]}], sp)
+    again, salted, text = llm.generate([{"prompt_token_ids": prompts[9]}, {"prompt_token_ids": prompts[9],
+                                        "cache_salt": "tenant-2"}, {"prompt": "w5 w17 w3"}], [sp] * 3)
+    assert [o.num_cached_tokens for o in (first, again, salted)] == [0, 59, 0]
+    assert first.outputs[0].token_ids == again.outputs[0].token_ids == salted.outputs[0].token_ids == expected[9]
+    assert text.prompt_token_ids == [5, 17, 3]
     llm.engine.check_all_free()
 
 
@@ -138,7 +147,11 @@ def test_llm_bad_prompts(tmp_path):
     llm = LLM(str(tmp_path), warmup=False, max_num_batched_tokens=32, **ENGINE_KW)
     with pytest.raises(ValueError, match=r"no tokenizer \(tokenizer.json\): pass \{'prompt_token_ids'"):
         llm.generate("hello")
-    with pytest.raises(ValueError, match="a dict prompt needs 'prompt_token_ids'"):
+    with pytest.raises(ValueError, match="a dict prompt needs one of 'prompt_token_ids' or 'prompt'"):
+        llm.generate({"prompt_token_ids": [1], "prompt": "x"})
+    with pytest.raises(ValueError, match=r"got keys \['prompt_token_ids', 'salt'\]"):
+        llm.generate({"prompt_token_ids": [1], "salt": "x"})
+    with pytest.raises(TypeError, match="a prompt is a string or"):
         llm.generate({"prompt": [1]})
     with pytest.raises(ValueError, match="outside the vocabulary"):
         llm.generate([{"prompt_token_ids": [1, 2]}, {"prompt_token_ids": [999]}])

@@ -216,13 +216,14 @@ def test_pack_layout():
     assert positions[:7].tolist() == [5, 0, 1, 2, 3, 4, 5] and token_row[:7].tolist() == [0, 1, 1, 1, 1, 1, 1]
     assert (ints[4 * t : 5 * t] == -1).all()  # next_prompt_token: nobody asked for prompt logprobs
     assert (ints[5 * t : 6 * t] == -1).all()  # next_token: every chunk ends at its request's known tokens
-    rows = ints[6 * t : 6 * t + 10 * r].reshape(10, r)
-    slot, length, n_new, start, sample, seed, top_k, logprobs, prompt_len, num_draft = rows
+    rows = ints[6 * t : 6 * t + 12 * r].reshape(12, r)
+    slot, length, n_new, start, sample, seed, top_k, logprobs, prompt_len, num_draft, write_from, history = rows
     assert slot.tolist() == [0, 1, 4, 4] and length[:2].tolist() == [5, 0] and n_new[:2].tolist() == [1, 6]
     assert start[:2].tolist() == [0, 1] and sample[:2].tolist() == [1, 1] and seed[:2].tolist() == [11, 12]
     assert top_k[:2].tolist() == [3, 0] and prompt_len[:2].tolist() == [5, 6] and logprobs[:2].tolist() == [0, 0]
     assert num_draft.tolist() == [0, 0, 0, 0]
-    at = 6 * t + 10 * r
+    assert write_from.tolist() == history.tolist() == [0, 0, 0, 0]  # no prefix hit
+    at = 6 * t + 12 * r
     csa_table = ints[at : at + 8 * r].reshape(r, 8)
     assert csa_table[0, 0] == plan.scheduled[0][0].pages["csa"][0] and csa_table[2].tolist() == [32] * 8
     bias_ids = ints[at + 8 * r + 4 * r :].reshape(r, -1)

@@ -328,3 +328,29 @@ def test_preemption_while_speculating_keeps_greedy_streams(bundled):
     assert engine.scheduler.num_preemptions > 0
     assert [r.output_token_ids for r in reqs] == [r.output_token_ids for r in base[:4]]
     assert engine.scheduler.spec_stats.num_accepted_tokens > 0
+
+
+def test_a_prefix_cache_hit_drafts_as_without_the_cache(bundled):
+    """Speculation meets prefix caching: after a hit (snapshot restored, the MTP ring fed the
+    request's own next token by starting the replay one token early) the drafter proposes the
+    same drafts and the target accepts the same number as on a cache-off engine."""
+    cfg, params, prompts, *_ = bundled
+    rng = np.random.default_rng(8)
+    a = prompts[3]  # 129 tokens: checkpoints at 64 and 128, the prompt's end at 129
+    # b continues a's prompt with other tokens than a's answer: the snapshot at a's end has the MTP
+    # ring fed a's first output token at position 128, which is wrong for b
+    b = a + rng.integers(3, cfg.vocab_size, 12).tolist()
+    sp = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)
+    runs = []
+    for on in (True, False):
+        engine = _engine(cfg, params, 3, enable_prefix_caching=on, prefix_checkpoint_interval=64)
+        if on:
+            _run(engine, [a], [sp])
+        (req,) = _run(engine, [b], [sp])
+        ring = np.asarray(engine.state.model["mtp"][0]["window"][0])  # b ran in slot 0 (a had left it)
+        runs.append((req.output_token_ids, req.num_draft_tokens, req.num_accepted_tokens, req.num_cached_tokens, ring))
+    (tokens, drafted, accepted, cached, ring), (tokens_off, drafted_off, accepted_off, _, ring_off) = runs
+    assert cached == 128  # the snapshot at a's end, one token early for the drafter
+    assert tokens == tokens_off and (drafted, accepted) == (drafted_off, accepted_off) and accepted > 0
+    # the drafter's window ring (it still holds position 128) is b's own, not a's
+    assert np.abs(ring - ring_off).max() < 1e-4

@@ -125,6 +125,7 @@ class PrefixCache:
         self.hits = 0  # tokens that skipped prefill
         self.replayed = 0  # tokens replayed between a restore and the hit
         self.num_hits = 0
+        self.num_evicted = 0  # blocks evicted to make room
 
     # -- hashing --------------------------------------------------------------------
 
@@ -334,6 +335,7 @@ class PrefixCache:
                     self._maybe_evictable(blk)  # touched since it was queued: queue it again
                 continue
             self._remove(blk)
+            self.num_evicted += 1
         return alloc.num_free >= need
 
     def _remove(self, blk: Block) -> None:

@@ -43,6 +43,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help='speculative decoding with the model\'s MTP block, vLLM\'s JSON: '
                         '\'{"method": "mtp", "num_speculative_tokens": 3}\' (1..5 drafts per decode); '
                         'or env DEEPINFER_USE_NEXTN_DECODE=k')
+    p.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True,
+                   help="reuse the cached state of shared prompt prefixes (on by default; --no-enable-prefix-caching)")
+    p.add_argument("--prefix-checkpoint-interval", type=int, default=512,
+                   help="prompt tokens between snapshots of the sliding-window state: a hit replays at most this many")
+    p.add_argument("--prefix-replay", choices=("snapshot", "recompute"), default="snapshot",
+                   help="'snapshot': restore the per-slot state from snapshots (exact, bounded replay); 'recompute': "
+                        "keep none and replay the model's exact horizon (L*(W-1)+1 tokens) from an empty state")
+    p.add_argument("--prefix-snapshots", type=int, default=None,
+                   help="snapshot store entries on the device (default: 4 per sequence slot)")
     p.add_argument("--warm-structured", action="store_true",
                    help="compile the structured-output step programs at start-up (twice the programs; otherwise "
                         "each compiles on the first constrained request of its shape)")
@@ -133,7 +142,9 @@ def build_state(args: argparse.Namespace):
         kv_memory_bytes=parse_bytes(args.kv_memory) if args.kv_memory else None, overlap=not args.no_overlap,
         measure_device=True,  # device time and busy fraction for /metrics (one watcher thread)
         batch_invariant=args.batch_invariant, speculative_config=args.speculative_config,
-        warm_structured=args.warm_structured,
+        warm_structured=args.warm_structured, enable_prefix_caching=args.enable_prefix_caching,
+        prefix_checkpoint_interval=args.prefix_checkpoint_interval, prefix_replay=args.prefix_replay,
+        prefix_snapshots=args.prefix_snapshots,
     )
     grammar = None
     if tokenizer is not None:

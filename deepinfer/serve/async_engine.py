@@ -39,6 +39,7 @@ class Update:
     time: float = 0.0
     first_scheduled_time: float | None = None
     prompt_logprobs: dict | None = None  # with the first update, when the request asked for them
+    num_cached_tokens: int = 0  # prompt tokens the prefix cache let the request skip
 
 
 @dataclass
@@ -61,6 +62,7 @@ class AddRequest:
     sampling_params: SamplingParams
     stream: _Stream
     compiled_grammar: object = None  # structured outputs: compiled by the handler, off this thread
+    cache_salt: str | None = None  # prefix caching: only requests with the same salt share entries
 
 
 @dataclass(frozen=True)
@@ -101,13 +103,14 @@ class AsyncEngine:
     def alive(self) -> bool:
         return self._thread is not None and self._thread.is_alive()
 
-    async def generate(self, request_id: str, prompt_ids: list[int], sp: SamplingParams, compiled_grammar=None):
+    async def generate(self, request_id: str, prompt_ids: list[int], sp: SamplingParams, compiled_grammar=None,
+                       cache_salt: str | None = None):
         """Yield Updates for one sequence until it finishes. Leaving early (client gone,
         stop string) aborts it in the engine, which frees its pages at once."""
         loop = asyncio.get_running_loop()
         stream = _Stream(loop, asyncio.Queue())
         self.in_system += 1
-        self._send(AddRequest(request_id, prompt_ids, sp, stream, compiled_grammar))
+        self._send(AddRequest(request_id, prompt_ids, sp, stream, compiled_grammar, cache_salt))
         done = False
         try:
             while not done:
@@ -178,7 +181,7 @@ class AsyncEngine:
                 plp = None
                 if stream.sent == len(ids) and req.sampling_params.prompt_logprobs is not None:
                     plp = dict(req.prompt_logprobs)  # the prompt is done once the first token exists
-                stream.push(Update(ids, lps, reason, None, now, req.first_scheduled_time, plp))
+                stream.push(Update(ids, lps, reason, None, now, req.first_scheduled_time, plp, req.num_cached_tokens))
             if reason:
                 del self._streams[req.request_id]
 
@@ -192,7 +195,7 @@ class AsyncEngine:
                 stream = cmd.stream
                 try:
                     stream.req = self.engine.add_request(cmd.prompt_ids, cmd.sampling_params, request_id=cmd.request_id,
-                                                         compiled_grammar=cmd.compiled_grammar)
+                                                         compiled_grammar=cmd.compiled_grammar, cache_salt=cmd.cache_salt)
                 except Exception as e:  # the handlers validate first; this is the last line
                     stream.push(Update([], [], None, f"{type(e).__name__}: {e}", time.monotonic()))
                     continue
@@ -228,6 +231,9 @@ class AsyncEngine:
             m.num_preemptions.inc(snap.num_preemptions - self._preemptions_seen)
             self._preemptions_seen = snap.num_preemptions
             last = self.snapshot
+            m.prefix_cache_queries.inc(snap.prefix_queries - last.prefix_queries)
+            m.prefix_cache_hits.inc(snap.prefix_hits - last.prefix_hits)
+            m.kv_pages_cached.set(sum(snap.pages_cached.values()))
             m.spec_decode_num_drafts.inc(snap.num_drafts - last.num_drafts)
             m.spec_decode_num_draft_tokens.inc(snap.num_draft_tokens - last.num_draft_tokens)
             m.spec_decode_num_accepted_tokens.inc(snap.num_accepted_tokens - last.num_accepted_tokens)

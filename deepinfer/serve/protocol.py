@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictInt
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr
 
 from deepinfer.scheduler.sampling_params import SamplingParams
 from deepinfer.serve.errors import bad_request
@@ -81,6 +81,8 @@ class _Sampling(_Strict):
     # vLLM's extras
     include_stop_str_in_output: bool = False
     truncate_prompt_tokens: StrictInt | None = None  # keep the last N prompt tokens (-1: max_model_len)
+    # prefix caching: requests share cached prompt state only with requests of the same salt (tenants)
+    cache_salt: StrictStr | None = Field(default=None, min_length=1, max_length=1024)
 
     def sampling_params(self, max_tokens: int, logprobs: int | None) -> SamplingParams:
         stop = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])

@@ -47,6 +47,7 @@ from deepinfer.serve.server_state import (
     render_chat,
 )
 from deepinfer.serve.streaming import (
+    cached_tokens,
     collect,
     event_stream,
     include_usage,
@@ -82,7 +83,11 @@ async def debug_engine(request: Request):
             "sequences_in_flight": state.engine.in_system, "num_preemptions": snap.num_preemptions,
             "spec_decode": {"num_drafts": snap.num_drafts, "num_draft_tokens": snap.num_draft_tokens,
                             "num_accepted_tokens": snap.num_accepted_tokens,
-                            "accepted_per_position": list(snap.accepted_per_position)}}
+                            "accepted_per_position": list(snap.accepted_per_position)},
+            "prefix_cache": {"pages_used": snap.pages_used, "pages_cached": snap.pages_cached,
+                             "pages_free": snap.pages_free, "blocks": snap.cached_blocks, "snapshots": snap.snapshots,
+                             "queries": snap.prefix_queries, "hits": snap.prefix_hits,
+                             "replayed": snap.prefix_replayed}}
 
 
 def _model_card(state: ServerState) -> dict:
@@ -157,7 +162,7 @@ async def completions(request: Request):
     for sp in sps:
         check_sampling(state, sp)
     grammar = await compile_grammar(state, sps[0].structured_outputs, constraint_field(req))
-    seqs = sequences(rid, prompts, sps, [grammar] * len(sps))
+    seqs = sequences(rid, prompts, sps, [grammar] * len(sps), req.cache_salt)
     check_room(state, len(seqs), "n" if req.n > 1 else "prompt")
     n_prompt = sum(len(p) for p in prompts)
     if req.stream:
@@ -175,7 +180,7 @@ async def completions(request: Request):
         })
     return {
         "id": rid, "object": "text_completion", "created": int(time.time()), "model": state.model_name,
-        "choices": choices, "usage": usage(n_prompt, sum(len(c.token_ids) for c in results.values())),
+        "choices": choices, "usage": usage(n_prompt, sum(len(c.token_ids) for c in results.values()), cached_tokens(seqs)),
     }
 
 
@@ -207,7 +212,7 @@ async def chat_completions(request: Request):
         field = "tools"
     check_sampling(state, sp)
     grammar = await compile_grammar(state, sp.structured_outputs, field)
-    seqs = sequences(rid, [prompt], [sp], [grammar])
+    seqs = sequences(rid, [prompt], [sp], [grammar], req.cache_salt)
     check_room(state, len(seqs), "n")
     if req.stream:
         return event_stream(rid, stream_chat(state, rid, seqs, arrival, len(prompt), include_usage(req),
@@ -228,7 +233,8 @@ async def chat_completions(request: Request):
         })
     return {
         "id": rid, "object": "chat.completion", "created": int(time.time()), "model": state.model_name,
-        "choices": choices, "usage": usage(len(prompt), sum(len(c.token_ids) for c in results.values())),
+        "choices": choices, "usage": usage(len(prompt), sum(len(c.token_ids) for c in results.values()),
+                                           cached_tokens(seqs)),
     }
 
 

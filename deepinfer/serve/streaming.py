@@ -40,15 +40,27 @@ class Sequence:
     prompt_ids: list[int]
     sp: SamplingParams
     grammar: object = None  # the compiled grammar of a structured request (shared by its choices)
+    prompt_index: int = 0
+    cache_salt: str | None = None
+    num_cached_tokens: int = 0  # filled in from the engine's first update
 
 
-def sequences(prefix: str, prompts: list[list[int]], sps: list[SamplingParams], grammars=None) -> list[Sequence]:
+def cached_tokens(seqs: list[Sequence]) -> int:
+    """usage.prompt_tokens_details.cached_tokens: per prompt, the most any of its choices reused."""
+    best: dict[int, int] = {}
+    for s in seqs:
+        best[s.prompt_index] = max(best.get(s.prompt_index, 0), s.num_cached_tokens)
+    return sum(best.values())
+
+
+def sequences(prefix: str, prompts: list[list[int]], sps: list[SamplingParams], grammars=None,
+              cache_salt: str | None = None) -> list[Sequence]:
     """One engine sequence per (prompt, choice); prompt i's choices get indices i*n .. i*n + n - 1."""
     out = []
     grammars = grammars or [None] * len(prompts)
     for i, (ids, sp, grammar) in enumerate(zip(prompts, sps, grammars)):
         for j, choice in enumerate(sp.choices()):
-            out.append(Sequence(i * sp.n + j, f"{prefix}-{i}-{j}", ids, choice, grammar))
+            out.append(Sequence(i * sp.n + j, f"{prefix}-{i}-{j}", ids, choice, grammar, i, cache_salt))
     return out
 
 
@@ -68,9 +80,10 @@ async def run(
             choice = ChoiceOutput(seq.index, seq.sp, tok)
             if choices is not None:
                 choices[seq.index] = choice
-            gen = state.engine.generate(seq.request_id, seq.prompt_ids, seq.sp, seq.grammar)
+            gen = state.engine.generate(seq.request_id, seq.prompt_ids, seq.sp, seq.grammar, seq.cache_salt)
             m.prompt_tokens.inc(len(seq.prompt_ids))
             async for upd in gen:
+                seq.num_cached_tokens = max(seq.num_cached_tokens, upd.num_cached_tokens)
                 if upd.error is not None:
                     ended = True
                     m.finished("error")
@@ -197,7 +210,7 @@ async def stream_completion(state, rid, seqs, arrival, n_prompt, include_usage, 
                    "choices": [choice]})
     if include_usage:
         yield sse({"id": rid, "object": "text_completion", "created": created, "model": state.model_name,
-                   "choices": [], "usage": usage(n_prompt, n_out)})
+                   "choices": [], "usage": usage(n_prompt, n_out, cached_tokens(seqs))})
     yield SSE_DONE
 
 
@@ -237,5 +250,5 @@ async def stream_chat(state, rid, seqs, arrival, n_prompt, include_usage, want_l
             "finish_reason": reason, "stop_reason": delta.stop_reason,
         }]))
     if include_usage:
-        yield sse({**chunk([]), "usage": usage(n_prompt, n_out)})
+        yield sse({**chunk([]), "usage": usage(n_prompt, n_out, cached_tokens(seqs))})
     yield SSE_DONE
