@@ -1,6 +1,13 @@
 """Fixtures shared by several test modules."""
 
+import os
+
 import pytest
+
+# every engine the suite builds checks the allocator invariant after each step (every page free,
+# held by requests or by prefix-cache blocks, its reference count the number of holders); server
+# processes started by the tests inherit it
+os.environ.setdefault("DEEPINFER_CHECK_INVARIANTS", "1")
 
 from tests.engine_cases import MAX_TOKENS, alone, workload
 from tests.reference import load_case

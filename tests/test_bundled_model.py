@@ -194,3 +194,41 @@ def test_server_default_answers_the_readme_example(bundled_server):
     assert got["choices"][0]["message"] == shown["choices"][0]["message"]
     assert got["choices"][0]["finish_reason"] == shown["choices"][0]["finish_reason"]
     assert got["usage"] == shown["usage"]
+
+
+def test_server_reuses_a_shared_system_prompt(bundled_server):
+    """The prefix cache on the server: a chat that repeats a long system prompt skips its prefill
+    (usage.prompt_tokens_details.cached_tokens, the metrics, /debug/engine) and answers as before;
+    another tenant's cache_salt shares nothing; the flag turns it off."""
+    import httpx
+
+    from deepinfer.serve.__main__ import parse_args
+
+    srv = bundled_server
+    system = ("You are a careful assistant. Answer in one short line, use plain words, and say when you do not "
+              "know. Numbers are written in digits. Lists are separated by commas.")
+
+    def ask(question, **extra):
+        body = {"model": NAME, "max_tokens": 8, "temperature": 0, **extra,
+                "messages": [{"role": "system", "content": system}, {"role": "user", "content": question}]}
+        got = httpx.post(srv.base + "/v1/chat/completions", json=body, timeout=120).json()
+        return got["choices"][0]["message"]["content"], got["usage"]
+
+    first, usage = ask("What is a list?")
+    assert usage["prompt_tokens_details"]["cached_tokens"] == 0 and usage["prompt_tokens"] > 40
+    again, usage2 = ask("What is a list?")
+    assert again == first and usage2["prompt_tokens_details"]["cached_tokens"] >= usage["prompt_tokens"] - 16
+    _, other = ask("What is a dict?")  # the same system prompt, another question
+    assert other["prompt_tokens_details"]["cached_tokens"] >= 32
+    salted, usage3 = ask("What is a list?", cache_salt="tenant-2")
+    assert salted == first and usage3["prompt_tokens_details"]["cached_tokens"] == 0
+    bad = httpx.post(srv.base + "/v1/chat/completions", timeout=30, json={
+        "model": NAME, "messages": [{"role": "user", "content": "hi"}], "cache_salt": ""})
+    assert bad.status_code == 400 and "cache_salt" in bad.json()["error"]["message"]
+    metrics = httpx.get(srv.base + "/metrics").text
+    hits = [line for line in metrics.splitlines() if line.startswith("deepinfer:prefix_cache_hits_total")]
+    assert hits and float(hits[0].split()[-1]) >= usage2["prompt_tokens_details"]["cached_tokens"]
+    cache = srv.wait_idle()["prefix_cache"]
+    assert cache["blocks"] > 0 and sum(cache["pages_cached"].values()) > 0 and cache["hits"] > 0
+    assert parse_args(["--no-enable-prefix-caching"]).enable_prefix_caching is False
+    assert parse_args([]).enable_prefix_caching is True

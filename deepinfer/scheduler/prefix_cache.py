@@ -165,7 +165,7 @@ class PrefixCache:
             if better:
                 partial, lcp = child, n
         hit_len = pos + lcp
-        if hit_len == 0:
+        if hit_len < s.block_size:  # too short to be worth a restore
             return None
         restore = self._restore_point(path, partial, hit_len)
         if restore is None:
