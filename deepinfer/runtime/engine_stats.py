@@ -34,8 +34,12 @@ def pages_cached(sched) -> dict[str, int]:
     """Per pool: pages only the prefix cache holds (evictable when a request needs room)."""
     if sched.cache is None:
         return {name: 0 for name in sched.pools}
-    held = {name: {p for r in sched.running for p in r.pages.get(name, ())} for name in sched.pools}
-    return {name: len(set(refs) - held[name]) for name, refs in sched.cache.page_refs().items()}
+    holds = sched.cache.page_refs()  # O(pages requests hold), not O(cached pages): read every step
+    out = {}
+    for name, on_blocks in holds.items():
+        held = {p for r in sched.running for p in r.pages.get(name, ())}
+        out[name] = len(on_blocks) - sum(1 for p in held if p in on_blocks)
+    return out
 
 
 def kv_usage(sched) -> float:

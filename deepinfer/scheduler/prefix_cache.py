@@ -114,6 +114,7 @@ class PrefixCache:
             raise ValueError("the recompute replay mode needs a model whose per-slot state has a bounded horizon")
         self.settings, self.pools, self.spans = s, allocators, spans
         self._blocks: dict[bytes, Block] = {}
+        self._holds: dict[str, dict[int, int]] = {name: {} for name in spans}  # pool -> page -> blocks on it
         self._roots: dict[bytes, dict[bytes, Block]] = {}  # salt digest -> first blocks
         self._tick = itertools.count(1)
         self._evictable: list = []  # heap of (last_used, n, block)
@@ -302,6 +303,7 @@ class PrefixCache:
             own[name] = held[idx] if idx < len(held) else None
             if own[name] is not None:
                 self.pools[name].share(own[name])
+                self._holds[name][own[name]] = self._holds[name].get(own[name], 0) + 1
         blk = Block(d, parent, tuple(chunk), start, own, last_used=next(self._tick), root=root)
         self._blocks[d] = blk
         self._children(parent, root)[d] = blk
@@ -344,6 +346,10 @@ class PrefixCache:
         for name, page in blk.pages.items():
             if page is not None:
                 self.pools[name].free([page])
+                held = self._holds[name]
+                held[page] -= 1
+                if not held[page]:
+                    del held[page]
         if blk.snapshot is not None:
             self._snap_owner.pop(blk.snapshot, None)
             self._snap_free.append(blk.snapshot)
@@ -369,6 +375,7 @@ class PrefixCache:
                     self.pools[name].free([page])
             blk.snapshot = None
         self._blocks.clear()
+        self._holds = {name: {} for name in self.spans}
         self._roots.clear()
         self._evictable.clear()
         self._snap_free = list(range(self.settings.num_snapshots - 1, -1, -1)) if self.settings.mode == SNAPSHOT else []
@@ -378,13 +385,8 @@ class PrefixCache:
     # -- accounting -------------------------------------------------------------------------
 
     def page_refs(self) -> dict[str, dict[int, int]]:
-        """pool -> page -> references the blocks hold."""
-        refs: dict[str, dict[int, int]] = {name: {} for name in self.spans}
-        for blk in self._blocks.values():
-            for name, page in blk.pages.items():
-                if page is not None:
-                    refs[name][page] = refs[name].get(page, 0) + 1
-        return refs
+        """pool -> page -> references the blocks hold (kept up to date; do not modify)."""
+        return self._holds
 
     @property
     def num_blocks(self) -> int:
