@@ -85,6 +85,8 @@ class AsyncEngine:
         self.snapshot = EngineStats()  # the engine's last stats, refreshed by the engine thread
         self._preemptions_seen = 0
         self.in_system = 0  # sequences submitted and not yet finished (asyncio side)
+        self.log_interval_s = 10.0  # the periodic capacity line while there is work
+        self._last_log = 0.0
 
     # -- asyncio side ------------------------------------------------------------
 
@@ -247,3 +249,11 @@ class AsyncEngine:
                     m.device_busy_fraction.set(summary["busy_fraction"])
                     m.step_device_time.set(summary["device_s_per_step"])
         self.snapshot = snap  # last: whoever sees this snapshot sees the gauges it set
+        now = time.monotonic()
+        if (snap.running or snap.waiting) and now - self._last_log >= self.log_interval_s:
+            self._last_log = now
+            rate = snap.prefix_hits / snap.prefix_queries if snap.prefix_queries else 0.0
+            log.info("running %d, waiting %d; KV pages used %d, cached %d, free %d; prefix cache hit rate %.1f%% "
+                     "(%d of %d prompt tokens)", snap.running, snap.waiting, sum(snap.pages_used.values()),
+                     sum(snap.pages_cached.values()), sum(snap.pages_free.values()), 100 * rate, snap.prefix_hits,
+                     snap.prefix_queries)
