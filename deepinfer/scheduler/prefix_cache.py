@@ -160,7 +160,9 @@ class PrefixCache:
         pos = len(path) * s.block_size
         rest = tokens[pos:limit]
         partial, lcp = None, 0
-        for child in self._children(parent, root).values():
+        for child in self._children(parent, root).values() if rest else ():
+            if child.tokens[0] != rest[0]:  # most children of a popular prefix differ at once
+                continue
             n = _common_prefix(child.tokens, rest)
             better = n > lcp or (n == lcp and n and child.snapshot is not None and partial.snapshot is None)
             if better:
