@@ -78,6 +78,17 @@ def test_checkpoint_free_replay_of_the_horizon_is_exact(case, hit):
     assert max_logit_diff(rb, off) < 1e-4
 
 
+def test_without_snapshots_a_hit_falls_back_to_replaying_the_horizon(case):
+    cfg, params, vocab = case
+    a = base_prompt(vocab)
+    b = sharing(a, 80, vocab)
+    on = engine(cfg, params, prefix_snapshots=0)  # snapshot mode with an empty store (or all evicted)
+    _, rb = run_each(on, [a, b], GREEDY)
+    (off,) = run_each(engine(cfg, params, enable_prefix_caching=False), [b], GREEDY)
+    assert rb.num_cached_tokens == 80 - (4 * (cfg.sliding_window - 1) + 1) and on.stats().snapshots == 0
+    assert rb.output_token_ids == off.output_token_ids and max_logit_diff(rb, off) < 1e-4
+
+
 @dataclass(frozen=True)
 class ShortReplay(DeepSeekV4):
     """Claims a horizon of window + backtrack: the replay the seed calls "keep", which is not exact."""

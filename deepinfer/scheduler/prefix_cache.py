@@ -28,7 +28,8 @@ below H (or one at most max_backtrack above it) and replays the tokens from ther
 pool writes suppressed below H (``write_from``): at most ``checkpoint_interval`` tokens.
 With a drafter the replay starts one token earlier, so the MTP block, which lags one token,
 is fed the request's own next token. The checkpoint-free mode ("recompute") keeps no
-snapshots and replays the family's ``replay_horizon`` tokens from an empty slot state.
+snapshots and replays the family's ``replay_horizon`` tokens from an empty slot state; the
+snapshot mode does the same when that replays less (the snapshots it would need were evicted).
 
 Lifetime. Blocks a running request holds (hit or written) are never evicted; the others form
 an LRU (leaves first, so a chain is cut from its end) evicted only when a pool needs pages.
@@ -84,7 +85,7 @@ class CacheSettings:
     checkpoint_interval: int = 512
     num_snapshots: int = 64
     mode: str = SNAPSHOT
-    horizon: int | None = None  # recompute mode: tokens replayed from an empty slot state
+    horizon: int | None = None  # tokens replayed from an empty slot state (recompute mode; snapshot mode's fallback)
     max_backtrack: int = 12
     drafting: bool = False  # the slot state has an MTP ring that lags one token
 
@@ -180,26 +181,25 @@ class PrefixCache:
         return Hit(hit_len, c, entry, history, path, partial)
 
     def _restore_point(self, path: list[Block], partial: Block | None, hit_len: int):
-        """(c, snapshot entry, history start) for a hit of hit_len tokens, or None when nothing is saved."""
+        """(c, snapshot entry, history start) for a hit of hit_len tokens, or None when nothing is saved.
+        Snapshot mode falls back to replaying the horizon when that replays less (snapshots evicted)."""
         s = self.settings
-        if s.mode == RECOMPUTE:
-            c = max(0, hit_len - s.horizon)
-            return (c, None, c) if c > 0 else None
+        fallback = max(0, hit_len - s.horizon) if s.horizon is not None else 0
         best = None  # (snapshot end, entry)
-        if partial is not None and partial.snapshot is not None and partial.end - hit_len <= s.max_backtrack:
+        if s.mode == RECOMPUTE:
+            pass
+        elif partial is not None and partial.snapshot is not None and partial.end - hit_len <= s.max_backtrack:
             best = (partial.end, partial.snapshot)
         else:
-            for blk in reversed(path):
-                if blk.snapshot is not None:
-                    best = (blk.end, blk.snapshot)
-                    break
-        if best is None:
-            return None
-        end, entry = best
-        c = min(end, hit_len)
-        if s.drafting and c > 0 and end - (c - 1) <= s.max_backtrack:
-            c -= 1  # feed the MTP block, one token behind, the request's own next token
-        return (c, entry, 0) if c > 0 else None
+            best = next(((b.end, b.snapshot) for b in reversed(path) if b.snapshot is not None), None)
+        c = 0
+        if best is not None:
+            c = min(best[0], hit_len)
+            if s.drafting and c > 0 and best[0] - (c - 1) <= s.max_backtrack:
+                c -= 1  # feed the MTP block, one token behind, the request's own next token
+        if fallback > c:
+            return fallback, None, fallback
+        return (c, best[1], 0) if c > 0 else None
 
     # -- admission ----------------------------------------------------------------------
 
