@@ -195,9 +195,12 @@ def test_host_cache_chains_blocks_and_evicts_leaves_first():
     assert (hit.tokens, hit.restore_len, hit.snapshot) == (10, 10, 0)
     assert cache.lookup(tokens, "other tenant", 11) is None
     assert cache.lookup([7] + tokens[1:], None, 11) is None
+    # a snapshot before the chain's end (a request restored at 4 holding blocks to 8, then preempted)
+    assert cache.checkpoint(chain, tokens, 6, pages, None) == 1 and cache.num_blocks == 4
+    assert cache.lookup(tokens[:6] + [1, 2], None, 7).restore_len == 6
     cache.release(chain)
     pool.free(pages["csa"])
     assert pool.num_free == 8 - 3  # the blocks hold the pages
-    assert cache.evict("csa", 6) and cache.num_blocks == 2  # the partial block went first
+    assert cache.evict("csa", 6) and cache.num_blocks == 3  # the least recently used leaf went first
     assert cache.evict("csa", 8) and cache.num_blocks == 0
     pool.check_all_free()

@@ -274,11 +274,12 @@ class PrefixCache:
         if end <= 0:
             return None
         self.register(chain, tokens, end, pages, salt)
+        k = end // s.block_size  # the chain may reach past end (a hit's blocks beyond its restore point)
         if end % s.block_size == 0:
-            blk = chain[end // s.block_size - 1]
+            blk = chain[k - 1]
         else:  # a partial block, so that a hit can end exactly here (its pages: the partial pages)
-            start = len(chain) * s.block_size
-            blk = self._find_or_add(chain[-1] if chain else None, self.root(salt), tokens[start:end], start, pages)
+            start = k * s.block_size
+            blk = self._find_or_add(chain[k - 1] if k else None, self.root(salt), tokens[start:end], start, pages)
             self._maybe_evictable(blk)
         if s.mode != SNAPSHOT or not s.num_snapshots or blk.snapshot is not None:
             return None
