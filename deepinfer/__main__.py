@@ -36,7 +36,8 @@ def main(argv: list[str] | None = None) -> int:
     from deepinfer.config import ConfigError, ModelConfig
     from deepinfer.engine_config import EngineConfig
     from deepinfer.models.deepseek_v4 import model_spec
-    from deepinfer.models.deepseek_v4.loader import CheckpointError, load_checkpoint
+    from deepinfer.model_loading import load_model
+    from deepinfer.models.deepseek_v4.loader import CheckpointError
     from deepinfer.params import count_params, init_params
     from deepinfer.runtime.engine import LLMEngine
     from deepinfer.scheduler.sampling_params import SamplingParams
@@ -55,7 +56,7 @@ def main(argv: list[str] | None = None) -> int:
     start = time.perf_counter()
     try:
         if os.path.isdir(args.model):
-            cfg, params = load_checkpoint(args.model, dtype=args.dtype)
+            cfg, params = load_model(args.model, dtype=args.dtype, mtp="skip")
             source = f"checkpoint {args.model}"
         else:
             cfg = ModelConfig.from_json_file(args.model)

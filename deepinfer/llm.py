@@ -22,7 +22,8 @@ from deepinfer.default_model import default_model_dir
 from deepinfer.engine_config import EngineConfig
 from deepinfer.grammar.backend import GrammarBackend
 from deepinfer.models.deepseek_v4 import model_spec
-from deepinfer.models.deepseek_v4.loader import load_checkpoint
+from deepinfer.load_progress import LoadProgress
+from deepinfer.model_loading import load_model
 from deepinfer.params import init_params
 from deepinfer.runtime.engine import LLMEngine
 from deepinfer.scheduler.sampling_params import SamplingParams
@@ -62,11 +63,17 @@ class LLM:
         dtype: str = "float32",
         seed: int = 0,
         warmup: bool = True,
+        quantized_weights: str = "dequantize",
+        show_progress: bool = True,
         **engine_kwargs: Any,
     ):
         """model: a checkpoint directory, a config.json (random weights from ``seed``), or a
         ModelConfig (with ``params`` or random weights); None: the default model
-        (deepinfer-tiny-v4, bundled: deepinfer.default_model). ``engine_kwargs`` go to EngineConfig
+        (deepinfer-tiny-v4, bundled: deepinfer.default_model). A checkpoint directory is
+        safetensors (HF or official naming, FP8 / FP4 included) or orbax (deepinfer.convert);
+        ``quantized_weights``: "dequantize" FP8 / FP4 weights to ``dtype`` at load, or "keep"
+        them quantized in memory (dequantized inside each matmul). ``show_progress``: a
+        loading bar (bytes and tensors). ``engine_kwargs`` go to EngineConfig
         (max_num_seqs, max_num_batched_tokens, max_model_len, kv_memory_bytes, speculative_config, ...)."""
         model = default_model_dir() if model is None else model
         config = EngineConfig(**engine_kwargs)  # bad settings are refused before anything loads
@@ -77,7 +84,13 @@ class LLM:
             cfg = model
         elif os.path.isdir(model):
             # refused clearly when speculating and the checkpoint lacks the MTP block
-            cfg, params = load_checkpoint(model, dtype=dtype, mtp="require" if speculating else "skip")
+            progress = LoadProgress(bar=True) if show_progress else None
+            try:
+                cfg, params = load_model(model, dtype=dtype, mtp="require" if speculating else "skip",
+                                         quantized_weights=quantized_weights, progress=progress)
+            finally:
+                if progress is not None:
+                    progress.close()
             self.tokenizer = TextTokenizer.from_dir(model)
             model_dir = model
         else:

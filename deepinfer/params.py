@@ -20,6 +20,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from deepinfer.quant.formats import QuantizedArray
+
 # dtype policies: the model's compute dtype, or pinned regardless of it.
 MODEL_DTYPE = "model"
 FLOAT32 = "float32"
@@ -54,6 +56,11 @@ class ParamSpec:
 
 def is_spec(x: Any) -> bool:
     return isinstance(x, ParamSpec)
+
+
+def is_param_leaf(x: Any) -> bool:
+    """A spec, or a weight kept quantized (one parameter, though a pytree of data and scales)."""
+    return isinstance(x, (ParamSpec, QuantizedArray))
 
 
 def map_specs(fn: Callable[[ParamSpec], Any], tree: Any) -> Any:
@@ -110,15 +117,15 @@ def _dotted(key_path: tuple) -> str:
 
 
 def flatten_dotted(tree: Any) -> dict[str, Any]:
-    """{"layers.0.attn.wq_a": leaf, ...} in tree order (ParamSpecs count as leaves)."""
-    leaves, _ = jax.tree_util.tree_flatten_with_path(tree, is_leaf=is_spec)
+    """{"layers.0.attn.wq_a": leaf, ...} in tree order (ParamSpecs and QuantizedArrays count as leaves)."""
+    leaves, _ = jax.tree_util.tree_flatten_with_path(tree, is_leaf=is_param_leaf)
     return {_dotted(path): leaf for path, leaf in leaves}
 
 
 def unflatten_dotted(like: Any, values: dict[str, Any]) -> Any:
     """Rebuild a tree shaped like ``like`` from dotted-path values (every path must be present)."""
     paths = list(flatten_dotted(like))
-    return jax.tree.unflatten(jax.tree.structure(like, is_leaf=is_spec), [values[p] for p in paths])
+    return jax.tree.unflatten(jax.tree.structure(like, is_leaf=is_param_leaf), [values[p] for p in paths])
 
 
 def _stable_hash(text: str) -> int:

@@ -131,10 +131,15 @@ def test_misshaped_tensor_is_named(hf_dir, tmp_path):
         load_checkpoint(tmp_path)
 
 
-def test_quantized_checkpoint_is_refused_clearly(hf_dir, tmp_path):
+def test_scale_beside_a_float_weight_is_named(hf_dir, tmp_path):
+    """A scale whose weight is not FP8 / FP4 is a broken checkpoint, reported once (not also as missing)."""
     _rewrite(hf_dir, tmp_path, lambda t: t.update({"model.layers.0.attn.wq_a.scale": np.ones((1, 1), np.float32)}))
-    with pytest.raises(CheckpointError, match=r"quantized \(FP8/FP4\) checkpoints are not supported yet.*layers\.0\.attn\.wq_a\.scale"):
+    with pytest.raises(CheckpointError) as info:
         load_checkpoint(tmp_path)
+    assert str(info.value) == (
+        "checkpoint does not match the config: badly quantized (1): model.layers.0.attn.wq_a.weight: has a scale "
+        "but dtype float32; quantized weights are float8_e4m3fn (FP8) or int8 / F4 (packed FP4)"
+    )
 
 
 def test_bf16_checkpoint_loads_as_bf16(hf_dir, tmp_path):

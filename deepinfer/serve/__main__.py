@@ -20,7 +20,8 @@ log = logging.getLogger("deepinfer.serve")
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m deepinfer.serve", description=__doc__,
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--model", default=None, help="checkpoint directory (config.json + safetensors + tokenizer files); "
+    p.add_argument("--model", default=None, help="checkpoint directory (config.json + safetensors + tokenizer files, "
+                   "HF or official naming, FP8 / FP4 included; or an orbax folder from python -m deepinfer.convert); "
                    "default: the bundled deepinfer-tiny-v4")
     p.add_argument("--served-model-name", default=None, help="the name clients use in 'model' (default: the folder name)")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (loopback by default)")
@@ -28,6 +29,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--api-key", default=os.environ.get("DEEPINFER_API_KEY"),
                    help="require 'Authorization: Bearer KEY' on /v1 and the token endpoints (env DEEPINFER_API_KEY)")
     p.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
+    p.add_argument("--quantized-weights", choices=("dequantize", "keep"), default="dequantize",
+                   help="FP8 / FP4 checkpoints: dequantize to --dtype at load, or keep them quantized in memory "
+                        "(about a quarter of bf16's bytes for FP4 experts; dequantized inside each matmul)")
     p.add_argument("--max-model-len", type=int, default=None, help="longest prompt + output (default: min(model limit, 4096))")
     p.add_argument("--max-num-seqs", type=int, default=16, help="sequences in the running batch")
     p.add_argument("--max-num-batched-tokens", type=int, default=256, help="tokens per engine step (prefill chunks + decodes)")
@@ -99,7 +103,8 @@ def build_state(args: argparse.Namespace):
     from deepinfer.engine_config import EngineConfig
     from deepinfer.grammar.backend import GrammarBackend
     from deepinfer.models.deepseek_v4 import model_spec
-    from deepinfer.models.deepseek_v4.loader import load_checkpoint
+    from deepinfer.load_progress import LoadProgress
+    from deepinfer.model_loading import load_model
     from deepinfer.params import count_params
     from deepinfer.runtime.engine import LLMEngine
     from deepinfer.serve.api import ServerState
@@ -117,21 +122,19 @@ def build_state(args: argparse.Namespace):
     model_dir = args.model or default_model_dir()
     name = args.served_model_name or (DEFAULT_NAME if args.model is None else os.path.basename(os.path.normpath(model_dir)))
     t0 = time.perf_counter()
-    bar = tqdm(desc="Loading weights", unit="tensor", leave=False, disable=None)  # None: off when not a terminal
-
-    def progress(total, done):
-        bar.total = total
-        bar.n = done
-        bar.refresh()
-
+    progress = LoadProgress(log=log)  # a bar on a terminal, log lines at each quarter otherwise
     speculating = EngineConfig(speculative_config=args.speculative_config).num_speculative_tokens() > 0
-    cfg, params = load_checkpoint(model_dir, dtype=args.dtype, mtp="require" if speculating else "skip", progress=progress)
-    bar.close()
+    try:
+        cfg, params = load_model(model_dir, dtype=args.dtype, mtp="require" if speculating else "skip",
+                                 quantized_weights=args.quantized_weights, progress=progress)
+    finally:
+        progress.close()
     tokenizer = TextTokenizer.from_dir(model_dir)
     n_params = count_params(model_spec(cfg, include_mtp=False))
-    log.info("model %s (%s): %s parameters, %s, %d layers (%s), loaded in %.1f s on %s",
+    log.info("model %s (%s): %s parameters, %s, %d layers (%s), %s loaded in %.1f s on %s",
              name, model_dir, f"{n_params:,}", args.dtype, cfg.num_hidden_layers,
-             ", ".join(sorted(set(cfg.layer_types))), time.perf_counter() - t0, jax.devices()[0].platform)
+             ", ".join(sorted(set(cfg.layer_types))), progress.summary(), time.perf_counter() - t0,
+             jax.devices()[0].platform)
     if tokenizer is None:
         log.warning("no tokenizer.json in %s: only token-id prompts will work", model_dir)
     max_len = args.max_model_len or min(cfg.max_position_embeddings, 4096)

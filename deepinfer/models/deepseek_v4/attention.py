@@ -70,7 +70,7 @@ def output_projection(cfg: ModelConfig, p: dict, o: jax.Array, cos: jax.Array, s
     o = apply_rope(o, cos, -sin)
     g = cfg.o_groups
     grouped = o.reshape(*o.shape[:-2], g, -1)  # [B, S, G, H*hd/G]
-    wo_a = p["wo_a"].reshape(g, cfg.o_lora_rank, -1).astype(o.dtype)  # [G, R, H*hd/G]
+    wo_a = p["wo_a"].astype(o.dtype).reshape(g, cfg.o_lora_rank, -1)  # [G, R, H*hd/G]
     mid = einsum_f32("bsgk,grk->bsgr", grouped, wo_a).astype(o.dtype)
     return linear(mid.reshape(*mid.shape[:-2], -1), p["wo_b"])
 

@@ -1,0 +1,51 @@
+"""Load a model folder, whichever format it is in: safetensors (HF / official, FP8 / FP4 too) or orbax.
+
+One entry point for ``LLM()``, the server and ``deepinfer.convert``, so every
+surface accepts the same folders and gives the same errors.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Mapping
+
+from deepinfer.config import ModelConfig
+from deepinfer.quant.formats import is_quantized
+
+QUANTIZED_WEIGHTS = ("dequantize", "keep")
+
+
+def is_orbax_folder(directory: str | os.PathLike) -> bool:
+    # the manifest deepinfer/orbax_io.py writes beside the orbax tree
+    return os.path.isfile(os.path.join(os.fspath(directory), "deepinfer_checkpoint.json"))
+
+
+def load_model(
+    directory: str | os.PathLike,
+    *,
+    dtype: Any = "float32",
+    mtp: str = "auto",
+    quantized_weights: str = "dequantize",
+    shardings: Mapping[str, Any] | None = None,
+    progress=None,
+) -> tuple[ModelConfig, dict]:
+    """(config, params) from a checkpoint folder. ``quantized_weights``: FP8 / FP4 weights are
+    dequantized to ``dtype`` at load ("dequantize") or kept in their stored format ("keep")."""
+    if quantized_weights not in QUANTIZED_WEIGHTS:
+        raise ValueError(f"quantized_weights must be one of {QUANTIZED_WEIGHTS}, got {quantized_weights!r}")
+    if not os.path.isdir(directory):
+        raise FileNotFoundError(f"{directory}: no such checkpoint folder")
+    if is_orbax_folder(directory):
+        from deepinfer.orbax_io import load_orbax
+
+        cfg, params = load_orbax(directory, dtype=dtype, shardings=shardings, mtp=mtp, progress=progress)
+        if quantized_weights == "dequantize":
+            import jax
+
+            params = jax.tree.map(lambda w: w.astype(w.dtype) if is_quantized(w) else w, params, is_leaf=is_quantized)
+        return cfg, params
+    from deepinfer.models.deepseek_v4.loader import load_checkpoint
+
+    return load_checkpoint(
+        directory, dtype=dtype, mtp=mtp, progress=progress, quantized_weights=quantized_weights, shardings=shardings
+    )
