@@ -16,7 +16,7 @@ QUANTIZED_WEIGHTS = ("dequantize", "keep")
 
 
 def is_orbax_folder(directory: str | os.PathLike) -> bool:
-    # the manifest deepinfer/orbax_io.py writes beside the orbax tree
+    # orbax_io.MANIFEST, checked without importing orbax (a second of start-up for safetensors users)
     return os.path.isfile(os.path.join(os.fspath(directory), "deepinfer_checkpoint.json"))
 
 

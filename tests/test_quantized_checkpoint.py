@@ -14,6 +14,9 @@ import copy
 import json
 import os
 import shutil
+import subprocess
+import sys
+import textwrap
 
 import jax
 import ml_dtypes
@@ -24,13 +27,27 @@ import torch
 from deepinfer.config import ModelConfig
 from deepinfer.llm import LLM
 from deepinfer.models.deepseek_v4 import forward
-from deepinfer.models.deepseek_v4.loader import CheckpointError, load_checkpoint, save_official
+from deepinfer.models.deepseek_v4.loader import (
+    CheckpointError,
+    load_checkpoint,
+    save_official,
+)
 from deepinfer.models.deepseek_v4.weight_names import resolve
 from deepinfer.params import flatten_dotted
 from deepinfer.quant.formats import FP4_GROUP, FP8_BLOCK, QuantizedArray, dequantize_np
-from deepinfer.quant.quantize import quantize_fp4_group, quantize_fp8_block, quantize_like_release
+from deepinfer.quant.quantize import (
+    quantize_fp4_group,
+    quantize_fp8_block,
+    quantize_like_release,
+)
 from deepinfer.safetensors_io import SafetensorsFile, save_file
-from tests.reference import TINY_CONFIGS, params_from_torch, randomize_, random_tokens, reference_logits
+from tests.reference import (
+    TINY_CONFIGS,
+    params_from_torch,
+    random_tokens,
+    randomize_,
+    reference_logits,
+)
 
 TOLERANCE = 1e-4  # fp32 logits against transformers, as in test_loader.py
 
@@ -303,3 +320,66 @@ def test_packed_f4_dtype_reads_as_the_int8_layout(tmp_path):
     f = SafetensorsFile(tmp_path / "x.safetensors")
     assert f.shape("w") == (4, 32) and f.dtype("w") == np.uint8
     np.testing.assert_array_equal(f.get("w"), q.view(np.uint8))
+
+
+def test_streamed_into_a_sharded_target_on_8_devices(release_dir):
+    """Each parameter lands directly in its tp_ep sharding (2 x 4 mesh), in both modes, with the logits
+    of the single-device load (a fresh process: the device count is fixed at start-up)."""
+    script = textwrap.dedent(
+        f"""
+        import jax, numpy as np
+        from jax.sharding import Mesh
+        from deepinfer.models.deepseek_v4 import forward, model_spec
+        from deepinfer.models.deepseek_v4.loader import load_checkpoint
+        from deepinfer.params import flatten_dotted
+        from deepinfer.quant.formats import QuantizedArray
+        from sharding.rules import PRESETS, param_shardings
+        from tests.reference import random_tokens
+        path = {str(release_dir)!r}
+        cfg, base = load_checkpoint(path)
+        mesh = Mesh(np.array(jax.devices()).reshape(2, 4), ("ep", "tp"))
+        targets = flatten_dotted(param_shardings(model_spec(cfg, include_mtp=False), mesh, PRESETS["tp_ep"]))
+        tokens = random_tokens("mixed")
+        want = np.asarray(jax.jit(forward, static_argnums=0)(cfg, base, tokens))
+        for mode in ("dequantize", "keep"):
+            _, params = load_checkpoint(path, quantized_weights=mode, shardings=targets)
+            flat = flatten_dotted(params)
+            w = flat["layers.2.ffn.experts.w1"]
+            data = w.data if mode == "keep" else w
+            assert isinstance(w, QuantizedArray) == (mode == "keep")
+            assert data.sharding == targets["layers.2.ffn.experts.w1"], data.sharding
+            assert len(data.addressable_shards) == 8 and data.addressable_shards[0].data.shape[0] == 3
+            for p, leaf in flat.items():
+                if not isinstance(leaf, QuantizedArray):
+                    assert leaf.sharding == targets[p], p
+            got = np.asarray(jax.jit(forward, static_argnums=0)(cfg, params, tokens))
+            err = np.abs(got - want).max() / np.abs(want).max()
+            print(mode, "REL_ERR", err)
+            assert err < 1e-5, (mode, err)
+        """
+    )
+    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8", JAX_PLATFORMS="cpu")
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    proc = subprocess.run([sys.executable, "-c", script], cwd=root, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.count("REL_ERR") == 2
+
+
+def test_release_to_orbax_and_back_keeps_every_byte(release_dir, tmp_path):
+    """python -m deepinfer.convert: FP8 / FP4 release -> orbax (kept quantized) -> safetensors gives the
+    release's tensors back byte for byte, and the orbax folder loads through the same entry point."""
+    from deepinfer.convert import main
+    from deepinfer.model_loading import load_model
+
+    assert main([str(release_dir), str(tmp_path / "orbax"), "--quantized-weights", "keep"]) == 0
+    assert main([str(tmp_path / "orbax"), str(tmp_path / "back")]) == 0
+    _, kept = load_checkpoint(release_dir, quantized_weights="keep")
+    _, restored = load_model(tmp_path / "orbax", quantized_weights="keep")
+    for a, b in zip(jax.tree.leaves(kept), jax.tree.leaves(restored)):
+        assert a.dtype == b.dtype and np.array_equal(np.asarray(a).view(np.uint8), np.asarray(b).view(np.uint8))
+    original = {k: SafetensorsFile(release_dir / s).get(k) for k, s in _index(release_dir)["weight_map"].items()}
+    back_file = SafetensorsFile(tmp_path / "back" / "model.safetensors")
+    assert sorted(back_file.keys()) == sorted(original)
+    for name, arr in original.items():
+        got = back_file.get(name)
+        assert got.dtype == arr.dtype and np.array_equal(got.view(np.uint8), arr.view(np.uint8)), name
