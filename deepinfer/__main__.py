@@ -35,8 +35,8 @@ def main(argv: list[str] | None = None) -> int:
 
     from deepinfer.config import ConfigError, ModelConfig
     from deepinfer.engine_config import EngineConfig
-    from deepinfer.models.deepseek_v4 import model_spec
     from deepinfer.model_loading import load_model
+    from deepinfer.models.deepseek_v4 import model_spec
     from deepinfer.models.deepseek_v4.loader import CheckpointError
     from deepinfer.params import count_params, init_params
     from deepinfer.runtime.engine import LLMEngine

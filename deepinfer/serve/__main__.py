@@ -102,9 +102,9 @@ def build_state(args: argparse.Namespace):
     from deepinfer.default_model import default_model_dir
     from deepinfer.engine_config import EngineConfig
     from deepinfer.grammar.backend import GrammarBackend
-    from deepinfer.models.deepseek_v4 import model_spec
     from deepinfer.load_progress import LoadProgress
     from deepinfer.model_loading import load_model
+    from deepinfer.models.deepseek_v4 import model_spec
     from deepinfer.params import count_params
     from deepinfer.runtime.engine import LLMEngine
     from deepinfer.serve.api import ServerState
