@@ -32,7 +32,8 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("dst", metavar="DST", help="folder to write (must not already hold a checkpoint)")
     p.add_argument("--to", choices=(ORBAX, SAFETENSORS), help="output format (default: the other one than SRC's)")
     p.add_argument("--dtype", choices=("float32", "bfloat16"), help="model dtype to write (default: the source's)")
-    p.add_argument("--quantized-weights", choices=("keep", "dequantize"), help="what to do with FP8/FP4 weights")
+    p.add_argument("--quantized-weights", choices=("keep", "dequantize"),
+                   help="FP8/FP4 weights: keep them as stored (the default: lossless) or dequantize to --dtype")
     return p.parse_args(argv)
 
 
@@ -85,9 +86,9 @@ def _load(src: str, fmt: str, args: argparse.Namespace):
         return cfg, params
     from deepinfer.models.deepseek_v4.loader import load_checkpoint
 
-    # Passed only when asked for, so this runs with loaders that predate the keyword.
-    extra = {"quantized_weights": args.quantized_weights} if args.quantized_weights else {}
-    return load_checkpoint(src, dtype=args.dtype or _stored_model_dtype(src), mtp="auto", **extra)
+    # Kept by default: a conversion is lossless unless asked to dequantize.
+    return load_checkpoint(src, dtype=args.dtype or _stored_model_dtype(src), mtp="auto",
+                           quantized_weights=args.quantized_weights or "keep")
 
 
 def _save(dst: str, fmt: str, cfg, params, src: str) -> None:
