@@ -184,6 +184,20 @@ class LLM:
                 bar.update(1)
 
 
+    def save_prefix_cache(self, directory: str) -> dict:
+        """Write the prefix cache (blocks, their KV pages, snapshots) to ``directory`` with orbax; a later
+        ``LLM`` of the same model and settings continues from it (``load_prefix_cache``)."""
+        from deepinfer.runtime.prefix_persistence import save_prefix_cache
+
+        return save_prefix_cache(self.engine, directory)
+
+    def load_prefix_cache(self, directory: str) -> dict:
+        """Load a cache ``save_prefix_cache`` wrote; refused, naming the difference, for other weights or settings."""
+        from deepinfer.runtime.prefix_persistence import load_prefix_cache
+
+        return load_prefix_cache(self.engine, directory)
+
+
 def _completion(c: ChoiceOutput) -> CompletionOutput:
     lps = c.logprobs if c.sampling_params.logprobs is not None else None
     cumulative = sum(lp[0] for lp in lps) if lps else None

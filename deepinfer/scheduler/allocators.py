@@ -35,6 +35,13 @@ class PageAllocator:
             self._refs[p] = 1
         return pages
 
+    def claim(self, page: int) -> None:
+        """Take one particular free page (restoring a saved prefix cache puts blocks back on their pages)."""
+        if self._refs[page]:
+            raise ValueError(f"pool {self.name!r}: page {page} is in use")
+        self._free.remove(page)
+        self._refs[page] = 1
+
     def share(self, page: int) -> None:
         """Another holder for a page in use (prefix sharing)."""
         if self._refs[page] < 1:

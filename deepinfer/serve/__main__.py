@@ -51,6 +51,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="reuse the cached state of shared prompt prefixes (on by default; --no-enable-prefix-caching)")
     p.add_argument("--prefix-checkpoint-interval", type=int, default=512,
                    help="prompt tokens between snapshots of the sliding-window state: a hit replays at most this many")
+    p.add_argument("--prefix-cache-dir", default=None,
+                   help="keep the prefix cache across restarts: loaded from this folder at start-up (when it fits the "
+                        "model and layout) and saved there on a graceful shutdown")
     p.add_argument("--prefix-replay", choices=("snapshot", "recompute"), default="snapshot",
                    help="'snapshot': restore the per-slot state from snapshots (exact, bounded replay); 'recompute': "
                         "keep none and replay the model's exact horizon (L*(W-1)+1 tokens) from an empty state")
@@ -165,6 +168,8 @@ def build_state(args: argparse.Namespace):
         engine.warmup(progress=wbar.update)
     log.info("compiled %d step programs in %.1f s: token buckets %s x row buckets %s",
              len(engine.compiled_shapes), time.perf_counter() - t1, list(engine.token_buckets), list(engine.row_buckets))
+    if args.prefix_cache_dir is not None:
+        _load_saved_prefix_cache(engine, args.prefix_cache_dir)
     metrics = ServerMetrics(name)
     return ServerState(
         engine=AsyncEngine(engine, metrics), tokenizer=tokenizer, model_name=name, vocab_size=cfg.vocab_size,
@@ -172,6 +177,37 @@ def build_state(args: argparse.Namespace):
         api_key=args.api_key, max_body_bytes=args.max_body_bytes, aliases=(model_dir,),
         eos_token_ids=tuple(cfg.eos_token_ids), grammar=grammar,
     )
+
+
+def _load_saved_prefix_cache(engine, directory: str) -> None:
+    """A saved cache that does not fit (other weights, other layout) is skipped with a warning: the
+    server starts cold rather than not at all."""
+    from deepinfer.runtime.prefix_persistence import HOST_FILE, load_prefix_cache
+
+    if not os.path.isfile(os.path.join(directory, HOST_FILE)):
+        log.info("prefix cache: nothing saved in %s yet", directory)
+        return
+    t0 = time.perf_counter()
+    try:
+        got = load_prefix_cache(engine, directory)
+    except (ValueError, RuntimeError) as e:
+        log.warning("prefix cache: not loading %s: %s", directory, e)
+        return
+    log.info("prefix cache: loaded %d blocks (%d tokens, %d snapshots) from %s in %.2f s",
+             got["blocks"], got["tokens"], got["snapshots"], directory, time.perf_counter() - t0)
+
+
+def _save_prefix_cache(engine, directory: str) -> None:
+    from deepinfer.runtime.prefix_persistence import save_prefix_cache
+
+    t0 = time.perf_counter()
+    try:
+        got = save_prefix_cache(engine, directory)
+    except (ValueError, RuntimeError, OSError) as e:
+        log.warning("prefix cache: not saved to %s: %s", directory, e)
+        return
+    log.info("prefix cache: saved %d blocks (%d tokens, %d snapshots) to %s in %.2f s",
+             got["blocks"], got["tokens"], got["snapshots"], directory, time.perf_counter() - t0)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -201,6 +237,8 @@ def main(argv: list[str] | None = None) -> int:
         yield
         log.info("shutting down: stopping the engine loop")
         state.engine.stop()
+        if args.prefix_cache_dir is not None and not state.engine.alive:
+            _save_prefix_cache(state.engine.engine, args.prefix_cache_dir)
 
     app = build_app(state, lifespan=lifespan)
     # the drain (serve/shutdown.py) has ended every stream before uvicorn's own timeout starts

@@ -1,0 +1,145 @@
+"""Save an idle engine's prefix cache with orbax and load it into a freshly started one.
+
+What a cache is: its blocks (host, scheduler/prefix_persist.py), the pages of the KV pools those
+blocks name, and the snapshot store's entries. All of it is saved, the pools and the store whole
+(one orbax tree, ``arrays/``), the blocks beside them as JSON (``prefix_cache.json``, written
+last: a save that died half-way is never loaded). A restarted server then answers its first
+requests on a warm cache (``--prefix-cache-dir``).
+
+A cache is only valid for the weights and the layout it was computed with, so the file carries
+a fingerprint of both, and loading refuses, naming what differs, when the engine differs: another
+model or other weights (config plus a strided sample of every parameter), another page size,
+pool or store shape, block size, replay mode or drafter.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+from typing import Any
+
+import jax
+import numpy as np
+
+from deepinfer.runtime.prefix_ops import leaf_kinds
+from deepinfer.scheduler.prefix_persist import export_blocks, import_blocks
+
+FORMAT, VERSION = "deepinfer-prefix-cache", 1
+HOST_FILE, ARRAYS = "prefix_cache.json", "arrays"
+_SAMPLES = 256  # values read from each parameter for the weights' fingerprint
+
+
+def weights_fingerprint(cfg, params) -> str:
+    """blake2b over the config and, per parameter leaf, its shape, dtype and a strided sample of its
+    values: changing any parameter's shape or most changes of values give another fingerprint,
+    without reading a 150 GB model back from the device."""
+    h = hashlib.blake2b(json.dumps(cfg.to_hf_dict(), sort_keys=True, default=str).encode(), digest_size=16)
+    for path, leaf in jax.tree_util.tree_flatten_with_path(params)[0]:
+        h.update(f"{jax.tree_util.keystr(path)}{tuple(leaf.shape)}{leaf.dtype}".encode())
+        flat = leaf.reshape(-1)
+        step = max(1, flat.shape[0] // _SAMPLES)
+        h.update(np.asarray(flat[::step][:_SAMPLES]).tobytes())
+    return h.hexdigest()
+
+
+def _layout(engine) -> dict[str, Any]:
+    s = engine.prefix.settings
+    pools, store = _arrays(engine)
+    return {
+        "page_size": engine.config.page_size,
+        "block_size": s.block_size,
+        "checkpoint_interval": s.checkpoint_interval,
+        "mode": s.mode,
+        "num_snapshots": s.num_snapshots,
+        "drafting": s.drafting,
+        "pools": [[list(x.shape), str(x.dtype)] for x in pools],
+        "store": [[list(x.shape), str(x.dtype)] for x in store],
+    }
+
+
+def _arrays(engine) -> tuple[list[jax.Array], list[jax.Array]]:
+    """The pool leaves of the engine's state (pages of compressed rows) and the snapshot store."""
+    leaves = jax.tree.leaves(engine.state.model)
+    kinds = leaf_kinds(engine.family, engine.cfg, engine.layout)
+    return [x for x, k in zip(leaves, kinds) if k != "slot"], list(engine.prefix.store)
+
+
+def _require(engine) -> None:
+    if engine.prefix is None:
+        raise ValueError("prefix caching is off in this engine")
+    if engine.has_unfinished:
+        raise RuntimeError("the prefix cache can only be saved or loaded while the engine is idle")
+
+
+def save_prefix_cache(engine, directory: str | os.PathLike) -> dict[str, int]:
+    """Write the idle engine's prefix cache to ``directory`` (replaced if it exists). Returns its size."""
+    import orbax.checkpoint as ocp
+
+    _require(engine)
+    engine.step()  # an idle step dispatches the snapshots queued by requests that just finished
+    blocks = export_blocks(engine.scheduler.cache)
+    pools, store = _arrays(engine)
+    directory = os.fspath(directory)
+    tmp = directory + ".saving"
+    shutil.rmtree(tmp, ignore_errors=True)
+    os.makedirs(tmp)
+    checkpointer = ocp.Checkpointer(ocp.PyTreeCheckpointHandler())
+    try:
+        checkpointer.save(os.path.abspath(os.path.join(tmp, ARRAYS)), args=ocp.args.PyTreeSave({"pools": pools, "store": store}))
+    finally:
+        checkpointer.close()
+    host = {"format": FORMAT, "version": VERSION, "weights": weights_fingerprint(engine.cfg, engine.params),
+            "layout": _layout(engine), "blocks": blocks}
+    with open(os.path.join(tmp, HOST_FILE), "w", encoding="utf-8") as f:
+        json.dump(host, f)
+    shutil.rmtree(directory, ignore_errors=True)
+    os.replace(tmp, directory)
+    return {"blocks": len(blocks), "tokens": sum(len(b["tokens"]) for b in blocks),
+            "snapshots": sum(b["snapshot"] is not None for b in blocks)}
+
+
+def load_prefix_cache(engine, directory: str | os.PathLike) -> dict[str, int]:
+    """Load a saved prefix cache into an idle engine whose cache is empty. Raises ValueError naming
+    the difference when the cache was saved by an engine with other weights or another layout."""
+    import orbax.checkpoint as ocp
+
+    _require(engine)
+    directory = os.fspath(directory)
+    path = os.path.join(directory, HOST_FILE)
+    try:
+        with open(path, encoding="utf-8") as f:
+            host = json.load(f)
+    except (OSError, json.JSONDecodeError) as e:
+        raise ValueError(f"{path}: no readable saved prefix cache ({e})") from None
+    if host.get("format") != FORMAT or host.get("version") != VERSION:
+        raise ValueError(f"{path}: not a {FORMAT} file of version {VERSION}")
+    if host["weights"] != weights_fingerprint(engine.cfg, engine.params):
+        raise ValueError(f"{path} was saved with other model weights; its cached rows would be wrong here")
+    now = _layout(engine)
+    for key, value in now.items():
+        if host["layout"].get(key) != value:
+            raise ValueError(f"{path} does not fit this engine: {key} was {host['layout'].get(key)}, is {value}")
+    pools, store = _arrays(engine)
+    target = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), {"pools": pools, "store": store})
+    checkpointer = ocp.Checkpointer(ocp.PyTreeCheckpointHandler())
+    try:
+        restored = checkpointer.restore(
+            os.path.abspath(os.path.join(directory, ARRAYS)),
+            args=ocp.args.PyTreeRestore(item=target, restore_args=ocp.checkpoint_utils.construct_restore_args(target)),
+        )
+    except Exception as e:  # orbax raises many types for a damaged folder
+        raise ValueError(f"{directory}: the saved prefix cache's arrays cannot be read ({type(e).__name__})") from e
+    finally:
+        checkpointer.close()
+    import_blocks(engine.scheduler.cache, host["blocks"])
+    leaves, treedef = jax.tree.flatten(engine.state.model)
+    kinds = leaf_kinds(engine.family, engine.cfg, engine.layout)
+    it = iter(restored["pools"])
+    leaves = [next(it) if k != "slot" else x for x, k in zip(leaves, kinds)]
+    engine.state = engine.state.replace(model=jax.tree.unflatten(treedef, leaves))
+    engine.prefix.store = list(restored["store"])
+    blocks = host["blocks"]
+    return {"blocks": len(blocks), "tokens": sum(len(b["tokens"]) for b in blocks),
+            "snapshots": sum(b["snapshot"] is not None for b in blocks)}
