@@ -73,7 +73,10 @@ def bundled():
     return cfg, params, prompts, sps, base
 
 
-@pytest.mark.parametrize("k", [1, 3, pytest.param(5, marks=pytest.mark.slow), pytest.param("var", marks=pytest.mark.slow)])
+# k=3 in the default suite (drafts accepted and rejected at several depths); 1, 5 and the
+# confidence-scheduled depth with `pytest -m slow` (the suite's time budget)
+@pytest.mark.parametrize("k", [pytest.param(1, marks=pytest.mark.slow), 3, pytest.param(5, marks=pytest.mark.slow),
+                               pytest.param("var", marks=pytest.mark.slow)])
 def test_greedy_streams_equal_speculation_off(bundled, k):
     """Fixed k, and confidence-scheduled ("var": up to 5 drafts, chosen per request and step from
     the drafter's confidence and the step costs measured at warm-up)."""
