@@ -18,7 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from deepinfer.models.deepseek_v4.loader import CheckpointError
-from deepinfer.params import MODEL_DTYPE, ParamSpec, flatten_dotted
+from deepinfer.params import MODEL_DTYPE, ParamSpec, dotted_name, flatten_dotted
 from deepinfer.quant.formats import KINDS, QuantizedArray, logical_shape
 
 FORMAT = "deepinfer-orbax"
@@ -155,17 +155,7 @@ def abstract_leaf(entry: Mapping[str, Any], spec: ParamSpec, dtype: Any, shardin
 
 def keyed_name(key_path: tuple) -> str:
     """A dotted name for a jax key path, QuantizedArray parts included (``...w1.data``), as orbax names arrays."""
-    parts = []
-    for k in key_path:
-        if isinstance(k, jax.tree_util.DictKey):
-            parts.append(str(k.key))
-        elif isinstance(k, jax.tree_util.SequenceKey):
-            parts.append(str(k.idx))
-        elif isinstance(k, jax.tree_util.GetAttrKey):
-            parts.append(k.name)
-        else:
-            raise TypeError(f"unsupported tree key {k!r}")
-    return ".".join(parts)
+    return dotted_name(key_path, attributes=True)
 
 
 def stored_arrays(tree: Any) -> dict[str, tuple[tuple[int, ...], str]]:

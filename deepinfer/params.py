@@ -104,13 +104,17 @@ def init_params(tree: Any, key: jax.Array, dtype: Any = jnp.float32) -> Any:
     )
 
 
-def _dotted(key_path: tuple) -> str:
+def dotted_name(key_path: tuple, attributes: bool = False) -> str:
+    """"layers.0.attn.wq_a" for a jax key path; with ``attributes``, a QuantizedArray's parts too
+    ("...experts.w1.data", as orbax names the arrays it stores)."""
     parts = []
     for k in key_path:
         if isinstance(k, jax.tree_util.DictKey):
             parts.append(str(k.key))
         elif isinstance(k, jax.tree_util.SequenceKey):
             parts.append(str(k.idx))
+        elif attributes and isinstance(k, jax.tree_util.GetAttrKey):
+            parts.append(k.name)
         else:
             raise TypeError(f"unsupported tree key {k!r}")
     return ".".join(parts)
@@ -119,7 +123,7 @@ def _dotted(key_path: tuple) -> str:
 def flatten_dotted(tree: Any) -> dict[str, Any]:
     """{"layers.0.attn.wq_a": leaf, ...} in tree order (ParamSpecs and QuantizedArrays count as leaves)."""
     leaves, _ = jax.tree_util.tree_flatten_with_path(tree, is_leaf=is_param_leaf)
-    return {_dotted(path): leaf for path, leaf in leaves}
+    return {dotted_name(path): leaf for path, leaf in leaves}
 
 
 def unflatten_dotted(like: Any, values: dict[str, Any]) -> Any:
