@@ -64,31 +64,12 @@ def _stored_model_dtype(src: str) -> str:
     return "float32"
 
 
-def _dequantize(params: Any, dtype: Any) -> Any:
-    """Quantized weights as plain arrays of ``dtype`` (or the dtype each stands for)."""
-    import jax
-
-    from deepinfer.quant.formats import QuantizedArray, is_quantized
-
-    def plain(x):
-        return x.astype(dtype if dtype is not None else x.dtype) if isinstance(x, QuantizedArray) else x
-
-    return jax.tree.map(plain, params, is_leaf=is_quantized)
-
-
 def _load(src: str, fmt: str, args: argparse.Namespace):
-    if fmt == ORBAX:
-        from deepinfer.orbax_io import load_orbax
+    from deepinfer.model_loading import load_model
 
-        cfg, params = load_orbax(src, dtype=args.dtype, mtp="auto")
-        if args.quantized_weights == "dequantize":
-            params = _dequantize(params, args.dtype)
-        return cfg, params
-    from deepinfer.models.deepseek_v4.loader import load_checkpoint
-
-    # Kept by default: a conversion is lossless unless asked to dequantize.
-    return load_checkpoint(src, dtype=args.dtype or _stored_model_dtype(src), mtp="auto",
-                           quantized_weights=args.quantized_weights or "keep")
+    # the source's dtype unless asked; FP8/FP4 kept unless asked: a conversion is lossless by default
+    dtype = args.dtype or (None if fmt == ORBAX else _stored_model_dtype(src))
+    return load_model(src, dtype=dtype, mtp="auto", quantized_weights=args.quantized_weights or "keep")
 
 
 def _save(dst: str, fmt: str, cfg, params, src: str) -> None:

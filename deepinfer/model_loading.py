@@ -10,14 +10,9 @@ import os
 from typing import Any, Mapping
 
 from deepinfer.config import ModelConfig
-from deepinfer.quant.formats import is_quantized
+from deepinfer.quant.formats import dequantize_tree
 
 QUANTIZED_WEIGHTS = ("dequantize", "keep")
-
-
-def is_orbax_folder(directory: str | os.PathLike) -> bool:
-    # orbax_io.MANIFEST, checked without importing orbax (a second of start-up for safetensors users)
-    return os.path.isfile(os.path.join(os.fspath(directory), "deepinfer_checkpoint.json"))
 
 
 def load_model(
@@ -35,15 +30,13 @@ def load_model(
         raise ValueError(f"quantized_weights must be one of {QUANTIZED_WEIGHTS}, got {quantized_weights!r}")
     if not os.path.isdir(directory):
         raise FileNotFoundError(f"{directory}: no such checkpoint folder")
-    if is_orbax_folder(directory):
+    from deepinfer.orbax_manifest import is_orbax_checkpoint
+
+    if is_orbax_checkpoint(directory):
         from deepinfer.orbax_io import load_orbax
 
         cfg, params = load_orbax(directory, dtype=dtype, shardings=shardings, mtp=mtp, progress=progress)
-        if quantized_weights == "dequantize":
-            import jax
-
-            params = jax.tree.map(lambda w: w.astype(w.dtype) if is_quantized(w) else w, params, is_leaf=is_quantized)
-        return cfg, params
+        return cfg, dequantize_tree(params) if quantized_weights == "dequantize" else params
     from deepinfer.models.deepseek_v4.loader import load_checkpoint
 
     return load_checkpoint(

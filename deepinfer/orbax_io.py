@@ -36,18 +36,19 @@ import orbax.checkpoint as ocp
 from deepinfer.config import ConfigError, ModelConfig
 from deepinfer.models.deepseek_v4.loader import CheckpointError
 from deepinfer.models.deepseek_v4.param_tree import model_spec
-from deepinfer.orbax_manifest import (
+from deepinfer.orbax_manifest import (  # noqa: F401  (MANIFEST, is_orbax_checkpoint: part of this API)
+    MANIFEST,
     abstract_leaf,
     check_against_spec,
     check_against_stored,
     check_header,
     describe,
+    is_orbax_checkpoint,
     manifest_arrays,
     stored_arrays,
 )
 from deepinfer.params import flatten_dotted, unflatten_dotted
 
-MANIFEST = "deepinfer_checkpoint.json"
 PARAMS = "params"
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "generation_config.json", "special_tokens_map.json")
 
@@ -134,10 +135,6 @@ def save_orbax(
     return pending
 
 
-def is_orbax_checkpoint(directory: str | os.PathLike) -> bool:
-    return os.path.isfile(os.path.join(directory, MANIFEST))
-
-
 def _read_manifest(directory: str) -> dict:
     path = os.path.join(directory, MANIFEST)
     if not os.path.isfile(path):
@@ -222,7 +219,7 @@ def load_orbax(
 
     ``shardings``: ``(dotted_path, shape, dtype) -> Sharding`` or ``{dotted_path:
     Sharding}`` (a nested tree of them works too), giving each weight's sharding; a
-    quantized weight's data and scale follow it (orbax_manifest.quantized_part_sharding).
+    quantized weight's data and scale follow it (weight_placement.part_sharding).
     None: every array on the first device. ``dtype``: see the module docstring.
     ``mtp``: "auto" restores MTP blocks when saved, "skip" leaves them unread,
     "require" fails without them. ``progress`` (deepinfer/load_progress.py) is told the

@@ -11,6 +11,7 @@ restoring an array of the wrong shape).
 
 from __future__ import annotations
 
+import os
 from typing import Any, Mapping
 
 import jax
@@ -20,10 +21,17 @@ import numpy as np
 from deepinfer.models.deepseek_v4.loader import CheckpointError
 from deepinfer.params import MODEL_DTYPE, ParamSpec, dotted_name, flatten_dotted
 from deepinfer.quant.formats import KINDS, QuantizedArray, logical_shape
+from deepinfer.weight_placement import part_sharding
 
 FORMAT = "deepinfer-orbax"
 VERSION = 1
+MANIFEST = "deepinfer_checkpoint.json"  # beside the orbax tree; written last, so it marks a finished save
 _MAX_LISTED = 12
+
+
+def is_orbax_checkpoint(directory: str | os.PathLike) -> bool:
+    """Here rather than in orbax_io so that telling the formats apart does not import orbax."""
+    return os.path.isfile(os.path.join(os.fspath(directory), MANIFEST))
 
 
 def listing(kind: str, items: list[str]) -> str:
@@ -114,27 +122,6 @@ def restore_dtype(entry: Mapping[str, Any], spec: ParamSpec, dtype: Any) -> jnp.
     return saved
 
 
-def quantized_part_sharding(weight: jax.sharding.Sharding, part_shape: tuple[int, ...]) -> jax.sharding.Sharding:
-    """The sharding of a quantized weight's data or scale array, from the weight's own sharding.
-
-    The data and scale share the weight's rank and axis meaning, so the weight's
-    PartitionSpec fits them, except where a part is too small to split: an FP8
-    scale has one row per 128 weight rows (a 256-row weight over 4 devices has 2
-    scale rows). Such a part is small, so it is replicated on the same mesh rather
-    than refused; any sharding that is not a NamedSharding is used as it is.
-    """
-    if not isinstance(weight, jax.sharding.NamedSharding):
-        return weight
-    mesh, spec = weight.mesh, weight.spec
-    for size, axes in zip(part_shape, spec):
-        if axes is None:
-            continue
-        names = (axes,) if isinstance(axes, str) else tuple(axes)
-        if size % int(np.prod([mesh.shape[n] for n in names])):
-            return jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(), memory_kind=weight.memory_kind)
-    return weight
-
-
 def abstract_leaf(entry: Mapping[str, Any], spec: ParamSpec, dtype: Any, sharding: Any) -> Any:
     """The restore target of one parameter: a ShapeDtypeStruct, or a QuantizedArray of two.
 
@@ -149,7 +136,7 @@ def abstract_leaf(entry: Mapping[str, Any], spec: ParamSpec, dtype: Any, shardin
     parts = []
     for name in ("data", "scale"):
         shape = tuple(entry[name]["shape"])
-        parts.append(jax.ShapeDtypeStruct(shape, jnp.dtype(entry[name]["dtype"]), sharding=quantized_part_sharding(weight, shape)))
+        parts.append(jax.ShapeDtypeStruct(shape, jnp.dtype(entry[name]["dtype"]), sharding=part_sharding(weight, shape)))
     return QuantizedArray.tree_unflatten((entry["kind"], tuple(entry["block"]), stands_for.name), parts)
 
 

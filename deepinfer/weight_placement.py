@@ -82,16 +82,24 @@ def _place(shape: tuple[int, ...], dtype: np.dtype, sharding, read: Callable[[tu
 
 
 def part_sharding(sharding, shape: tuple[int, ...]):
-    """The weight's sharding for its stored bytes or scales, when it divides them; else replicated
-    on the same mesh (scales have 1/128 of a dimension and may not split evenly)."""
-    if sharding is None or not isinstance(sharding, NamedSharding):
+    """The sharding of a quantized weight's data or scale array, from the weight's own sharding.
+
+    The data and scale share the weight's rank and axis meaning, so the weight's
+    PartitionSpec fits them, except where a part is too small to split: an FP8
+    scale has one row per 128 weight rows (a 256-row weight over 4 devices has 2
+    scale rows). Such a part is small, so it is replicated on the same mesh rather
+    than refused; None, or a sharding that is not a NamedSharding, is used as it is.
+    Loading (here) and orbax restores (orbax_manifest.py) both place parts by it.
+    """
+    if not isinstance(sharding, NamedSharding):
         return sharding
+    mesh = sharding.mesh
     for size, axes in zip(shape, sharding.spec):
         if axes is None:
             continue
-        parts = int(np.prod([sharding.mesh.shape[a] for a in ((axes,) if isinstance(axes, str) else axes)]))
-        if size % parts:
-            return NamedSharding(sharding.mesh, PartitionSpec())
+        names = (axes,) if isinstance(axes, str) else tuple(axes)
+        if size % int(np.prod([mesh.shape[n] for n in names])):
+            return NamedSharding(mesh, PartitionSpec(), memory_kind=sharding.memory_kind)
     return sharding
 
 
@@ -107,7 +115,7 @@ def place_weight(parts: list[Source] | Source, shape: tuple[int, ...], dtype: An
         return _place(shape, dtype, sharding, _reader(parts, _host_float))
     fmt = first.fmt
     data_dtype = np.dtype(ml_dtypes.float8_e4m3fn) if fmt.kind == FP8_BLOCK else np.dtype(np.uint8)
-    raw_scale = np.asarray(first.scale).dtype
+    raw_scale = np.dtype(first.scale.dtype)
     # ue8m0 scales stay one byte each (a quarter of FP4's 4 bits per weight would otherwise double)
     scale_dtype = np.dtype(np.uint8) if raw_scale in (np.uint8, ml_dtypes.float8_e8m0fnu) else np.dtype(np.float32)
 

@@ -199,7 +199,7 @@ RESHARD = textwrap.dedent(
     from jax.sharding import Mesh, PartitionSpec as P, SingleDeviceSharding
     from deepinfer.models.deepseek_v4 import model_spec
     from deepinfer.orbax_io import load_orbax, save_orbax
-    from deepinfer.orbax_manifest import quantized_part_sharding
+    from deepinfer.weight_placement import part_sharding
     from deepinfer.params import flatten_dotted, unflatten_dotted
     from deepinfer.quant.formats import QuantizedArray
     from sharding.rules import PRESETS, param_shardings, shard_params
@@ -210,8 +210,8 @@ RESHARD = textwrap.dedent(
 
     def place(leaf, s):  # shard_params for plain leaves; a quantized weight's parts follow its sharding
         if isinstance(leaf, QuantizedArray):
-            return QuantizedArray(jax.device_put(leaf.data, quantized_part_sharding(s, leaf.data.shape)),
-                                  jax.device_put(leaf.scale, quantized_part_sharding(s, leaf.scale.shape)),
+            return QuantizedArray(jax.device_put(leaf.data, part_sharding(s, leaf.data.shape)),
+                                  jax.device_put(leaf.scale, part_sharding(s, leaf.scale.shape)),
                                   leaf.kind, leaf.block, leaf.dtype)
         return shard_params(leaf, s)
 
@@ -234,8 +234,8 @@ RESHARD = textwrap.dedent(
             want = ep[p] if shardings else SingleDeviceSharding(jax.devices()[0])
             pairs = [(v, got[p], want)]
             if isinstance(v, QuantizedArray):
-                pairs = [(v.data, got[p].data, quantized_part_sharding(want, v.data.shape)),
-                         (v.scale, got[p].scale, quantized_part_sharding(want, v.scale.shape))]
+                pairs = [(v.data, got[p].data, part_sharding(want, v.data.shape)),
+                         (v.scale, got[p].scale, part_sharding(want, v.scale.shape))]
             for a, b, s in pairs:
                 assert a.dtype == b.dtype, p
                 assert np.array_equal(np.asarray(a).view(np.uint8), np.asarray(b).view(np.uint8)), p

@@ -53,7 +53,7 @@ def _e8m0_to_float32(raw: jax.Array) -> jax.Array:
     return jnp.where(raw == 0, jnp.float32(2.0**-127), value)
 
 
-def _expand(scale: Any, rows: int, cols: int, block: tuple[int, int], xp) -> Any:
+def expand_scales(scale: Any, rows: int, cols: int, block: tuple[int, int], xp=np) -> Any:
     """Per-block scales repeated over their block, cut to the weight's shape."""
     s = xp.repeat(xp.repeat(scale, block[0], axis=-2), block[1], axis=-1)
     return s[..., :rows, :cols]
@@ -71,7 +71,7 @@ def dequantize_np(data: np.ndarray, scale: np.ndarray, kind: str, block: tuple[i
     else:
         packed = np.asarray(data).view(np.uint8)
         q = np.stack([E2M1_VALUES[packed & 0xF], E2M1_VALUES[packed >> 4]], axis=-1).reshape(logical_shape(kind, packed.shape))
-    return q * _expand(s, q.shape[-2], q.shape[-1], block, np)
+    return q * expand_scales(s, q.shape[-2], q.shape[-1], block)
 
 
 def dequantize(w: "QuantizedArray", dtype: Any) -> jax.Array:
@@ -84,7 +84,7 @@ def dequantize(w: "QuantizedArray", dtype: Any) -> jax.Array:
         codes = jnp.stack([packed & 0xF, packed >> 4], axis=-1).reshape(w.shape)
         q = jnp.asarray(E2M1_VALUES)[codes]
     rows, cols = w.shape[-2:]
-    return (q * _expand(s, rows, cols, w.block, jnp)).astype(dtype)
+    return (q * expand_scales(s, rows, cols, w.block, jnp)).astype(dtype)
 
 
 @jax.tree_util.register_pytree_with_keys_class
@@ -144,3 +144,8 @@ class QuantizedArray:
 
 def is_quantized(x: Any) -> bool:
     return isinstance(x, QuantizedArray)
+
+
+def dequantize_tree(params: Any, dtype: Any = None) -> Any:
+    """The tree with every QuantizedArray dequantized (to ``dtype``, or the dtype each stands for)."""
+    return jax.tree.map(lambda w: w.astype(dtype or w.dtype) if is_quantized(w) else w, params, is_leaf=is_quantized)

@@ -15,7 +15,7 @@ import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 
-from deepinfer.quant.formats import FP4_GROUP, FP8_BLOCK, QuantizedArray
+from deepinfer.quant.formats import FP4_GROUP, FP8_BLOCK, QuantizedArray, expand_scales
 
 E4M3_MAX = 448.0
 E2M1_MAX = 6.0
@@ -41,11 +41,6 @@ def _scales(amax: np.ndarray, fmt_max: float, scale_fmt: str) -> np.ndarray:
     raise ValueError(f"scale_fmt must be 'ue8m0' or 'float', got {scale_fmt!r}")
 
 
-def _expand(s: np.ndarray, shape: tuple[int, ...], block: tuple[int, int]) -> np.ndarray:
-    full = np.repeat(np.repeat(s, block[0], axis=-2), block[1], axis=-1)
-    return full[..., : shape[-2], : shape[-1]]
-
-
 def _stored_scales(s: np.ndarray, scale_fmt: str) -> np.ndarray:
     return s.astype(ml_dtypes.float8_e8m0fnu) if scale_fmt == "ue8m0" else s
 
@@ -54,7 +49,7 @@ def quantize_fp8_block(w: np.ndarray, scale_fmt: str = "ue8m0", block=FP8_BLOCK_
     """(e4m3 weight, scales) for a float ``[..., out, in]`` weight."""
     w = np.asarray(w, np.float32)
     s = _scales(_block_amax(w, block), E4M3_MAX, scale_fmt)
-    q = np.clip(w / _expand(s, w.shape, block), -E4M3_MAX, E4M3_MAX).astype(ml_dtypes.float8_e4m3fn)
+    q = np.clip(w / expand_scales(s, *w.shape[-2:], block), -E4M3_MAX, E4M3_MAX).astype(ml_dtypes.float8_e4m3fn)
     return q, _stored_scales(s, scale_fmt)
 
 
@@ -65,7 +60,7 @@ def quantize_fp4_group(w: np.ndarray, scale_fmt: str = "ue8m0", group: int = 32)
         raise ValueError(f"FP4 needs the input dimension ({w.shape[-1]}) to be a multiple of {group}")
     block = (1, group)
     s = _scales(_block_amax(w, block), E2M1_MAX, scale_fmt)
-    codes = (np.clip(w / _expand(s, w.shape, block), -E2M1_MAX, E2M1_MAX).astype(ml_dtypes.float4_e2m1fn)).view(np.uint8)
+    codes = (np.clip(w / expand_scales(s, *w.shape[-2:], block), -E2M1_MAX, E2M1_MAX).astype(ml_dtypes.float4_e2m1fn)).view(np.uint8)
     codes = codes & 0xF
     packed = (codes[..., 0::2] | (codes[..., 1::2] << 4)).astype(np.uint8).view(np.int8)
     return packed, _stored_scales(s, scale_fmt)

@@ -96,6 +96,10 @@ def save_prefix_cache(engine, directory: str | os.PathLike) -> dict[str, int]:
         json.dump(host, f)
     shutil.rmtree(directory, ignore_errors=True)
     os.replace(tmp, directory)
+    return _summary(blocks)
+
+
+def _summary(blocks: list[dict]) -> dict[str, int]:
     return {"blocks": len(blocks), "tokens": sum(len(b["tokens"]) for b in blocks),
             "snapshots": sum(b["snapshot"] is not None for b in blocks)}
 
@@ -140,6 +144,4 @@ def load_prefix_cache(engine, directory: str | os.PathLike) -> dict[str, int]:
     leaves = [next(it) if k != "slot" else x for x, k in zip(leaves, kinds)]
     engine.state = engine.state.replace(model=jax.tree.unflatten(treedef, leaves))
     engine.prefix.store = list(restored["store"])
-    blocks = host["blocks"]
-    return {"blocks": len(blocks), "tokens": sum(len(b["tokens"]) for b in blocks),
-            "snapshots": sum(b["snapshot"] is not None for b in blocks)}
+    return _summary(host["blocks"])
