@@ -20,6 +20,8 @@ SPECIAL_TOKENS = (BOS, EOS, USER, ASSISTANT)
 # DeepSeek's chat layout: BOS, system text, then <｜User｜>...<｜Assistant｜>... turns. Tools (DeepSeek-V4's
 # DSML format, deepinfer/text/tool_format.py) arrive pre-rendered: ``tools_prompt`` after BOS, an
 # assistant turn's ``tool_calls_text`` after its content, tool results as a user turn (role "tool").
+# Thinking (``thinking`` true, vLLM's chat_template_kwargs): the generation prompt opens DeepSeek's
+# reasoning block with <think>; past turns keep only their answers (DeepSeek drops old reasoning).
 CHAT_TEMPLATE = (
     "{{ bos_token }}{{ tools_prompt or '' }}"
     "{%- for message in messages %}"
@@ -30,7 +32,7 @@ CHAT_TEMPLATE = (
     "{{ '<｜Assistant｜>' + message['content'] + (message['tool_calls_text'] or '') + eos_token }}"
     "{%- endif %}"
     "{%- endfor %}"
-    "{%- if add_generation_prompt %}{{ '<｜Assistant｜>' }}{%- endif %}"
+    "{%- if add_generation_prompt %}{{ '<｜Assistant｜>' }}{%- if thinking %}{{ '<think>' }}{%- endif %}{%- endif %}"
 )
 
 

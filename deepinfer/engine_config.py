@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from deepinfer.config import ModelConfig
 from deepinfer.kv.paged_state import bytes_per_page, bytes_per_slot
 from deepinfer.models.interface import ModelFamily, PagedLayout
+from deepinfer.scheduler.queue_order import check_policy
 from deepinfer.scheduler.scheduler import PoolSpec
 from deepinfer.scheduler.speculation import MAX_DRAFT_TOKENS
 
@@ -55,11 +56,15 @@ class EngineConfig:
     prefix_checkpoint_interval: int = 512
     prefix_replay: str = "snapshot"
     prefix_snapshots: int | None = None  # snapshot store entries (None: 4 per slot)
+    # vLLM's --scheduling-policy: "fcfs" (arrival order) or "priority" (each request's priority, lower
+    # first; scheduler/queue_order.py)
+    scheduling_policy: str = "fcfs"
     # check the allocator invariant after every step (tests; env DEEPINFER_CHECK_INVARIANTS=1)
     check_invariants: bool = field(default_factory=lambda: os.environ.get("DEEPINFER_CHECK_INVARIANTS") == "1")
 
     def __post_init__(self):
         self.num_speculative_tokens()  # refuse bad values at construction, naming them
+        check_policy(self.scheduling_policy)
         if self.prefix_replay not in ("snapshot", "recompute"):
             raise ValueError(f"prefix_replay must be 'snapshot' or 'recompute', got {self.prefix_replay!r}")
         for key in ("prefix_block_size", "prefix_checkpoint_interval"):

@@ -124,8 +124,10 @@ class LLM:
         prompts: Any,
         sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
         use_tqdm: bool = True,
+        priority: Sequence[int] | None = None,
     ) -> list[RequestOutput]:
-        """Run every prompt to completion; outputs come back in prompt order, n choices each."""
+        """Run every prompt to completion; outputs come back in prompt order, n choices each.
+        ``priority`` (vLLM's): one per prompt, lower first, with ``scheduling_policy="priority"``."""
         if isinstance(prompts, (str, dict)):
             prompts = [prompts]
         prompts = list(prompts)
@@ -133,17 +135,20 @@ class LLM:
             sampling_params = [sampling_params or SamplingParams()] * len(prompts)
         if len(sampling_params) != len(prompts):
             raise ValueError(f"{len(sampling_params)} sampling params for {len(prompts)} prompts")
+        priority = [0] * len(prompts) if priority is None else list(priority)
+        if len(priority) != len(prompts):
+            raise ValueError(f"{len(priority)} priorities for {len(prompts)} prompts")
         encoded = [self._encode(p) for p in prompts]
         tok = self.tokenizer.tokenizer if self.tokenizer is not None else None
         tracked: dict[str, tuple[Any, ChoiceOutput]] = {}
         results = [RequestOutput(f"{i}", text, ids) for i, (text, ids) in enumerate(encoded)]
         first_choice_reqs = []  # per prompt: the engine request of choice 0 (it holds the prompt logprobs)
         try:  # every prompt is checked before any runs: a bad one leaves nothing behind
-            for prompt, (_, ids), sp, result in zip(prompts, encoded, sampling_params, results):
+            for prompt, (_, ids), sp, result, prio in zip(prompts, encoded, sampling_params, results, priority):
                 salt = prompt.get("cache_salt") if isinstance(prompt, dict) else None
                 for i, choice_sp in enumerate(sp.choices()):
                     choice = ChoiceOutput(i, choice_sp, tok)
-                    req = self.engine.add_request(ids, choice_sp, cache_salt=salt)
+                    req = self.engine.add_request(ids, choice_sp, cache_salt=salt, priority=prio)
                     tracked[req.request_id] = (req, choice)
                     result.outputs.append(choice)
                     if i == 0:

@@ -268,7 +268,8 @@ def test_schemathesis_no_server_error(server):
     statuses = collections.Counter()
     operations = [op.ok() for op in schema.get_all_operations()]
     posts = [op for op in operations if op.method.upper() == "POST"]
-    assert sorted(op.path for op in posts) == ["/detokenize", "/tokenize", "/v1/chat/completions", "/v1/completions"]
+    assert sorted(op.path for op in posts) == ["/detokenize", "/tokenize", "/v1/chat/completions", "/v1/completions",
+                                              "/v1/responses"]
     for op in posts:
         assert op.body, f"{op.path} publishes no request body"
         for mode in (schemathesis.GenerationMode.POSITIVE, schemathesis.GenerationMode.NEGATIVE):

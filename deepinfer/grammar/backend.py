@@ -180,7 +180,9 @@ class GrammarBackend:
         return self._cached_bytes
 
     def _compile(self, compiler, spec: StructuredOutputsParams):
-        kind = spec.kind
+        """One xgrammar Grammar per kind; with ``reasoning_end``, free reasoning text up to it
+        (neither think marker inside) comes first, so one matcher runs from the first token."""
+        xgr, kind = self._xgr, spec.kind
         try:
             if kind == "json":
                 schema = spec.schema()
@@ -188,18 +190,23 @@ class GrammarBackend:
                 if problems:
                     raise GrammarError("the JSON schema uses features structured outputs cannot enforce: "
                                        + "; ".join(problems[:8]))
-                return compiler.compile_json_schema(json.dumps(schema), any_whitespace=not spec.disable_any_whitespace,
-                                                    strict_mode=True)
-            if kind == "json_object":  # any object (OpenAI's json_object mode)
-                return compiler.compile_json_schema('{"type": "object"}', any_whitespace=not spec.disable_any_whitespace,
-                                                    strict_mode=False)
-            if kind == "regex":
-                return compiler.compile_regex(spec.regex)
-            if kind == "choice":
-                return compiler.compile_grammar(choice_grammar(spec.choice))
-            if kind == "grammar":
-                return compiler.compile_grammar(spec.grammar)
-            return compiler.compile_structural_tag(spec.source())
+                grammar = xgr.Grammar.from_json_schema(json.dumps(schema), any_whitespace=not spec.disable_any_whitespace,
+                                                       strict_mode=True)
+            elif kind == "json_object":  # any object (OpenAI's json_object mode)
+                grammar = xgr.Grammar.from_json_schema('{"type": "object"}', any_whitespace=not spec.disable_any_whitespace,
+                                                       strict_mode=False)
+            elif kind == "regex":
+                grammar = xgr.Grammar.from_regex(spec.regex)
+            elif kind in ("choice", "grammar"):
+                grammar = xgr.Grammar.from_ebnf(choice_grammar(spec.choice) if kind == "choice" else spec.grammar)
+            else:
+                grammar = xgr.Grammar.from_structural_tag(spec.source())
+            if spec.reasoning_end is not None:
+                reasoning = xgr.Grammar.from_structural_tag(json.dumps({"type": "structural_tag", "format": {
+                    "type": "tag", "begin": "", "end": spec.reasoning_end,
+                    "content": {"type": "any_text", "excludes": ["<think>", spec.reasoning_end]}}}))
+                grammar = xgr.Grammar.concat(reasoning, grammar)
+            return compiler.compile_grammar(grammar)
         except GrammarError:
             raise
         except (RuntimeError, ValueError, TypeError) as exc:  # xgrammar's parse / convert errors

@@ -13,6 +13,7 @@ from typing import Any
 
 MAX_CHOICES = 256
 MAX_SOURCE_CHARS = 1 << 20  # a schema / grammar / regex of more than a MiB is refused before compiling
+_OPTIONS = ("disable_any_whitespace", "reasoning_end")  # fields that modify the constraint, not choose it
 
 
 @dataclass(frozen=True)
@@ -25,9 +26,12 @@ class StructuredOutputsParams:
     structural_tag: str | dict | None = None  # xgrammar's structural tag, as JSON
     # JSON: no free whitespace between tokens (compact output; a model cannot loop on spaces)
     disable_any_whitespace: bool = True
+    # thinking: the output starts inside a reasoning block that this text ends (DeepSeek's "</think>");
+    # the reasoning is free text (without the markers) and the constraint applies after it
+    reasoning_end: str | None = None
 
     def __post_init__(self):
-        set_ = [f.name for f in fields(self) if f.name != "disable_any_whitespace" and getattr(self, f.name) not in (None, False)]
+        set_ = [f.name for f in fields(self) if f.name not in _OPTIONS and getattr(self, f.name) not in (None, False)]
         if len(set_) != 1:
             raise ValueError(
                 "structured_outputs must set exactly one of json, regex, choice, grammar, json_object, "
@@ -61,8 +65,7 @@ class StructuredOutputsParams:
 
     @property
     def kind(self) -> str:
-        return next(f.name for f in fields(self) if f.name != "disable_any_whitespace"
-                    and getattr(self, f.name) not in (None, False))
+        return next(f.name for f in fields(self) if f.name not in _OPTIONS and getattr(self, f.name) not in (None, False))
 
     def source(self) -> str:
         """The constraint as text (JSON re-serialised, so equal schemas share a cache entry)."""
@@ -77,8 +80,8 @@ class StructuredOutputsParams:
         """The JSON schema (kind "json") as a Python object."""
         return json.loads(self.source())
 
-    def key(self) -> tuple[str, str, bool]:
-        return self.kind, self.source(), self.disable_any_whitespace
+    def key(self) -> tuple[str, str, bool, str | None]:
+        return self.kind, self.source(), self.disable_any_whitespace, self.reasoning_end
 
     @classmethod
     def from_dict(cls, d: dict) -> "StructuredOutputsParams":

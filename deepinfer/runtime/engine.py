@@ -34,6 +34,7 @@ from deepinfer.config import ModelConfig
 from deepinfer.engine_config import EngineConfig, size_pools
 from deepinfer.grammar.backend import GrammarBackend, StructuredOutputsUnavailable
 from deepinfer.grammar.step_mask import RequestGrammar, bitmask_words, fill_step_bitmask
+from deepinfer.grammar.thinking_budget import ThinkingBudgetMatcher
 from deepinfer.kv.paged_state import init_engine_state
 from deepinfer.models.interface import ModelFamily, PagedLayout
 from deepinfer.models.registry import family_for
@@ -102,6 +103,7 @@ class LLMEngine:
                 eos_token_ids=cfg.eos_token_ids,
                 num_speculative_tokens=self.num_drafts,
                 prefix_cache=prefix,
+                scheduling_policy=config.scheduling_policy,
             )
         )
         self.token_buckets, self.row_buckets = config.buckets()
@@ -134,10 +136,13 @@ class LLMEngine:
     # -- requests -----------------------------------------------------------------
 
     def add_request(self, prompt_token_ids: list[int], sampling_params: SamplingParams | None = None,
-                    request_id: str | None = None, compiled_grammar=None, cache_salt: str | None = None) -> Request:
+                    request_id: str | None = None, compiled_grammar=None, cache_salt: str | None = None,
+                    priority: int = 0) -> Request:
         """Queue a request. A structured one compiles its grammar here unless ``compiled_grammar``
         (from ``self.grammar.compile``/``submit``, e.g. awaited off the engine thread) is given.
-        ``cache_salt``: requests with different salts share no prefix-cache entries (tenants)."""
+        ``cache_salt``: requests with different salts share no prefix-cache entries (tenants).
+        ``priority``: lower is scheduled first under scheduling_policy "priority"; any other policy
+        refuses a non-zero one (it would be silently ignored)."""
         sp = sampling_params or SamplingParams()
         if sp.n != 1:
             raise ValueError(f"LLMEngine runs one sequence per request: split n={sp.n} with SamplingParams.choices()")
@@ -145,9 +150,9 @@ class LLMEngine:
         bad = [t for t in ids if not 0 <= t < self.cfg.vocab_size]
         if bad:
             raise ValueError(f"prompt token ids {bad[:8]} are outside the vocabulary (size {self.cfg.vocab_size})")
-        bad = [t for t in list(sp.logit_bias) + list(sp.stop_token_ids) if t >= self.cfg.vocab_size]
+        bad = [t for t in [*sp.logit_bias, *sp.stop_token_ids, *sp.reasoning_end_token_ids] if t >= self.cfg.vocab_size]
         if bad:
-            raise ValueError(f"logit_bias / stop_token_ids name token ids {bad[:8]} outside the vocabulary (size {self.cfg.vocab_size})")
+            raise ValueError(f"logit_bias / stop_token_ids / reasoning_end_token_ids name token ids {bad[:8]} outside the vocabulary (size {self.cfg.vocab_size})")
         if sp.top_k > self.cfg.vocab_size:
             raise ValueError(f"top_k must be -1 (off), 0 (off) or at most the vocabulary size {self.cfg.vocab_size}, got {sp.top_k}")
         if sp.min_tokens and len(set(sp.stop_token_ids) | set(self.cfg.eos_token_ids)) + len(sp.logit_bias) > MAX_BIAS_SLOTS:
@@ -157,12 +162,24 @@ class LLMEngine:
             raise ValueError(f"request id {rid!r} is already in use")
         if cache_salt is not None and not isinstance(cache_salt, str):
             raise ValueError(f"cache_salt must be a string, got {type(cache_salt).__name__}")
-        req = Request(rid, ids, sp, cache_salt=cache_salt)
+        if not isinstance(priority, int) or isinstance(priority, bool):
+            raise ValueError(f"priority must be an integer, got {priority!r}")
+        if priority and self.config.scheduling_policy != "priority":
+            raise ValueError(f"priority {priority} needs scheduling_policy 'priority' (this engine schedules "
+                             f"{self.config.scheduling_policy!r})")
+        req = Request(rid, ids, sp, cache_salt=cache_salt, priority=priority)
+        matcher = None
         if sp.structured_outputs is not None:
             if self.grammar is None:
                 raise StructuredOutputsUnavailable("structured outputs need the model's tokenizer: this engine has none")
             compiled = compiled_grammar if compiled_grammar is not None else self.grammar.compile(sp.structured_outputs)
-            req.grammar = RequestGrammar(self.grammar.matcher(compiled), sp.structured_outputs.kind)
+            matcher = self.grammar.matcher(compiled)
+        if sp.thinking_token_budget is not None:  # forces the reasoning's end through the same bitmask
+            matcher = ThinkingBudgetMatcher(sp.thinking_token_budget, sp.reasoning_end_token_ids, self.cfg.vocab_size,
+                                            matcher)
+        if matcher is not None:
+            kind = sp.structured_outputs.kind if sp.structured_outputs is not None else "thinking_budget"
+            req.grammar = RequestGrammar(matcher, kind)
         self.scheduler.add_request(req)
         self._seeds[rid] = sp.resolved_seed()
         req.seed = self._seeds[rid]

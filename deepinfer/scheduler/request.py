@@ -30,6 +30,7 @@ class Request:
     sampling_params: SamplingParams
     arrival: int = 0
     seed: int = 0
+    priority: int = 0  # with scheduling_policy "priority": lower runs first (scheduler/queue_order.py)
     output_token_ids: list[int] = field(default_factory=list)
     status: RequestStatus = RequestStatus.WAITING
     num_computed: int = 0

@@ -55,6 +55,9 @@ class SamplingParams:
     given the tokens before it, plus the k most likely alternatives.
     ``stop``: strings that end the output (matched in the detokenized text,
     across token boundaries; not included in the text unless ``include_stop_str_in_output``).
+    ``spaces_between_special_tokens``: how special tokens kept in the text (skip_special_tokens
+    False) are joined to it, vLLM's field. ``thinking_token_budget``: vLLM's cap on reasoning
+    tokens for outputs that start inside a reasoning block.
     ``structured_outputs``: a StructuredOutputsParams (or its dict: json / regex / choice /
     grammar / json_object / structural_tag); the output follows it, token by token, and ends
     only where it is complete (EOS is masked before that; max_tokens still cuts it: "length").
@@ -87,6 +90,13 @@ class SamplingParams:
     prompt_logprobs: int | None = None
     structured_outputs: StructuredOutputsParams | None = None
     include_stop_str_in_output: bool = False
+    # with skip_special_tokens False: True puts a space between each special token and the text
+    # around it (slow tokenizers' convention), False joins them as decoded; None: the tokenizer's own decode
+    spaces_between_special_tokens: bool | None = None
+    # thinking (the prompt opened a reasoning block): at most this many output tokens of reasoning, then
+    # the end marker's token ids (reasoning_end_token_ids) are forced (grammar/thinking_budget.py)
+    thinking_token_budget: int | None = None
+    reasoning_end_token_ids: tuple[int, ...] = ()
 
     def __post_init__(self):
         if isinstance(self.structured_outputs, dict):
@@ -141,6 +151,12 @@ class SamplingParams:
             raise ValueError(f"min_tokens must be an integer >= 0, got {self.min_tokens!r}")
         if self.max_tokens is not None and self.min_tokens > self.max_tokens:
             raise ValueError(f"min_tokens ({self.min_tokens}) must not exceed max_tokens ({self.max_tokens})")
+        if self.thinking_token_budget is not None:
+            if not _is_int(self.thinking_token_budget) or self.thinking_token_budget < 0:
+                raise ValueError(f"thinking_token_budget must be a non-negative integer or None, got {self.thinking_token_budget!r}")
+            if not self.reasoning_end_token_ids:
+                raise ValueError("thinking_token_budget needs reasoning_end_token_ids (the token ids of the end marker)")
+            self.reasoning_end_token_ids = tuple(int(t) for t in self.reasoning_end_token_ids)
         if self.prompt_logprobs is not None and (
             not _is_int(self.prompt_logprobs) or not 0 <= self.prompt_logprobs <= MAX_LOGPROBS
         ):

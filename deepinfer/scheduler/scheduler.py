@@ -8,7 +8,7 @@ Policy (continuous batching with chunked prefill):
    running request is preempted by recompute: its slot and pages are freed, it
    returns to the front of the waiting queue, and later replays its prompt and
    the tokens it had produced.
-2. Then waiting requests in arrival order (FCFS), while the token budget,
+2. Then waiting requests in arrival order (FCFS; or by priority, queue_order.py), while the token budget,
    ``max_num_seqs``, slots and pages allow. The head of the queue is never
    skipped, so a long prompt is not starved by short ones behind it; it is
    prefilled in chunks across steps.
@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from deepinfer.scheduler import prefix_steps
 from deepinfer.scheduler.allocators import OutOfPages, PageAllocator, SlotAllocator
 from deepinfer.scheduler.prefix_cache import CacheSettings, PrefixCache
+from deepinfer.scheduler.queue_order import admit, check_policy, enqueue
 from deepinfer.scheduler.request import Request, RequestStatus
 from deepinfer.scheduler.speculation import SpecStats, num_drafts_for, plan_drafts
 
@@ -62,8 +63,10 @@ class SchedulerConfig:
     eos_token_ids: tuple[int, ...] = ()
     num_speculative_tokens: int = 0  # > 0: decode rows may carry up to this many drafts (speculation.py)
     prefix_cache: CacheSettings | None = None  # None: prefix caching off
+    scheduling_policy: str = "fcfs"  # or "priority" (queue_order.py)
 
     def __post_init__(self):
+        check_policy(self.scheduling_policy)
         for key in ("max_num_seqs", "max_num_batched_tokens", "max_model_len", "num_slots"):
             if getattr(self, key) < 1:
                 raise ValueError(f"{key} must be >= 1, got {getattr(self, key)}")
@@ -141,7 +144,7 @@ class Scheduler:
         req.arrival = self._arrivals
         self._arrivals += 1
         req.status = RequestStatus.WAITING
-        self.waiting.append(req)
+        enqueue(self.waiting, req, self.config.scheduling_policy)
 
     def abort(self, req: Request, reason: str = "abort") -> None:
         """Remove req wherever it is and free its slot and pages at once."""
@@ -211,7 +214,7 @@ class Scheduler:
             self._grow(req, n)
             self.waiting.popleft()
             req.status = RequestStatus.RUNNING
-            self.running.append(req)
+            admit(self.running, req, self.config.scheduling_policy)
             plan.add(req, n)
             budget -= n
         return self._finish_plan(plan)
@@ -363,7 +366,7 @@ class Scheduler:
         req.status = RequestStatus.WAITING
         req.num_preemptions += 1
         self.num_preemptions += 1
-        self.waiting.appendleft(req)
+        enqueue(self.waiting, req, self.config.scheduling_policy, preempted=True)
 
     def _release(self, req: Request) -> None:
         for name, pages in req.pages.items():

@@ -4,6 +4,7 @@ With no --model it serves the bundled deepinfer-tiny-v4 (deepinfer.default_model
 small V4 trained on Python's documentation and short dialogues — it answers, if not
 wisely. Endpoints: /v1/completions, /v1/chat/completions,
 /v1/models, /tokenize, /detokenize, /health, /metrics (Prometheus), /debug/engine.
+With --ui (on by default on a loopback address): a web page at / (chat playground + live dashboard).
 """
 
 from __future__ import annotations
@@ -59,6 +60,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "keep none and replay the model's exact horizon (L*(W-1)+1 tokens) from an empty state")
     p.add_argument("--prefix-snapshots", type=int, default=None,
                    help="snapshot store entries on the device (default: 4 per sequence slot)")
+    p.add_argument("--scheduling-policy", choices=("fcfs", "priority"), default="fcfs",
+                   help="'fcfs': arrival order; 'priority': by each request's 'priority' field (lower first), then "
+                        "arrival; the least urgent running request is the one preempted when memory runs out")
+    p.add_argument("--trust-request-chat-template", action="store_true",
+                   help="let requests send their own 'chat_template' (rendered in Jinja's sandbox); refused otherwise")
     p.add_argument("--warm-structured", action="store_true",
                    help="compile the structured-output step programs at start-up (twice the programs; otherwise "
                         "each compiles on the first constrained request of its shape)")
@@ -70,6 +76,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="JAX persistent compilation cache folder ('auto': <DEEPINFER_CACHE or ~/.cache/deepinfer>/jax; "
                    "'off' to disable); a warm cache makes restarts skip compilation")
     p.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
+    p.add_argument("--ui", action=argparse.BooleanOptionalAction, default=None,
+                   help="serve a web page at / (chat playground + live engine dashboard); default: on when "
+                        "--host is a loopback address (127.0.0.1, localhost, ::1), off otherwise")
     return p.parse_args(argv)
 
 
@@ -94,6 +103,13 @@ def parse_bytes(text: str) -> int:
     if unit not in units or not num:
         raise ValueError(f"--kv-memory: cannot read {text!r} (examples: 512MiB, 2GiB, 1000000)")
     return int(float(num) * units[unit])
+
+
+def ui_enabled(args: argparse.Namespace) -> bool:
+    """--ui / --no-ui, or auto: on for a loopback bind only (a page on a public address is opt-in)."""
+    if args.ui is not None:
+        return args.ui
+    return args.host in ("localhost", "::1") or args.host.startswith("127.")
 
 
 def build_state(args: argparse.Namespace):
@@ -150,7 +166,7 @@ def build_state(args: argparse.Namespace):
         batch_invariant=args.batch_invariant, speculative_config=args.speculative_config,
         warm_structured=args.warm_structured, enable_prefix_caching=args.enable_prefix_caching,
         prefix_checkpoint_interval=args.prefix_checkpoint_interval, prefix_replay=args.prefix_replay,
-        prefix_snapshots=args.prefix_snapshots,
+        prefix_snapshots=args.prefix_snapshots, scheduling_policy=args.scheduling_policy,
     )
     grammar = None
     if tokenizer is not None:
@@ -176,6 +192,7 @@ def build_state(args: argparse.Namespace):
         max_model_len=max_len, max_num_seqs=args.max_num_seqs, max_waiting=args.max_waiting, metrics=metrics,
         api_key=args.api_key, max_body_bytes=args.max_body_bytes, aliases=(model_dir,),
         eos_token_ids=tuple(cfg.eos_token_ids), grammar=grammar,
+        trust_request_chat_template=args.trust_request_chat_template, ui=ui_enabled(args),
     )
 
 
@@ -234,6 +251,8 @@ def main(argv: list[str] | None = None) -> int:
     async def lifespan(app):
         state.engine.start()
         log.info("serving %s on http://%s:%d", state.model_name, args.host, args.port)
+        if state.ui:
+            log.info("web page (chat playground, dashboard): http://%s:%d/ (--no-ui turns it off)", args.host, args.port)
         yield
         log.info("shutting down: stopping the engine loop")
         state.engine.stop()

@@ -24,14 +24,17 @@ from deepinfer.serve.protocol import (
     DetokenizeRequest,
     TokenizeRequest,
 )
+from deepinfer.serve.responses_protocol import ResponsesRequest
 from deepinfer.serve.routes import ROUTES
 from deepinfer.serve.server_state import ServerState
+from deepinfer.serve.ui_routes import add_ui_routes
 
 __all__ = ["ServerState", "build_app", "openapi_document"]
 
 log = logging.getLogger("deepinfer.serve")
 REQUEST_MODELS = {"/v1/completions": CompletionRequest, "/v1/chat/completions": ChatCompletionRequest,
-                  "/tokenize": TokenizeRequest, "/detokenize": DetokenizeRequest}
+                  "/tokenize": TokenizeRequest, "/detokenize": DetokenizeRequest,
+                  "/v1/responses": ResponsesRequest}
 
 
 def openapi_document(app: FastAPI) -> dict:
@@ -85,6 +88,8 @@ def build_app(state: ServerState, lifespan=None) -> FastAPI:
 
     app.openapi = openapi
 
+    if state.ui:  # the built-in page at / (serve/ui_routes.py)
+        add_ui_routes(app)
     for method, path, handler in ROUTES:
         app.add_api_route(path, handler, methods=[method])
     return app

@@ -63,6 +63,7 @@ class AddRequest:
     stream: _Stream
     compiled_grammar: object = None  # structured outputs: compiled by the handler, off this thread
     cache_salt: str | None = None  # prefix caching: only requests with the same salt share entries
+    priority: int = 0  # --scheduling-policy priority: lower is scheduled first
 
 
 @dataclass(frozen=True)
@@ -106,13 +107,13 @@ class AsyncEngine:
         return self._thread is not None and self._thread.is_alive()
 
     async def generate(self, request_id: str, prompt_ids: list[int], sp: SamplingParams, compiled_grammar=None,
-                       cache_salt: str | None = None):
+                       cache_salt: str | None = None, priority: int = 0):
         """Yield Updates for one sequence until it finishes. Leaving early (client gone,
         stop string) aborts it in the engine, which frees its pages at once."""
         loop = asyncio.get_running_loop()
         stream = _Stream(loop, asyncio.Queue())
         self.in_system += 1
-        self._send(AddRequest(request_id, prompt_ids, sp, stream, compiled_grammar, cache_salt))
+        self._send(AddRequest(request_id, prompt_ids, sp, stream, compiled_grammar, cache_salt, priority))
         done = False
         try:
             while not done:
@@ -197,7 +198,8 @@ class AsyncEngine:
                 stream = cmd.stream
                 try:
                     stream.req = self.engine.add_request(cmd.prompt_ids, cmd.sampling_params, request_id=cmd.request_id,
-                                                         compiled_grammar=cmd.compiled_grammar, cache_salt=cmd.cache_salt)
+                                                         compiled_grammar=cmd.compiled_grammar, cache_salt=cmd.cache_salt,
+                                                         priority=cmd.priority)
                 except Exception as e:  # the handlers validate first; this is the last line
                     stream.push(Update([], [], None, f"{type(e).__name__}: {e}", time.monotonic()))
                     continue

@@ -33,6 +33,14 @@ class TokenText:
         return self._cache[token_id]
 
 
+def text_of_request(state, req):
+    """How a request's logprobs name tokens: their text, or "token_id:N" with vLLM's
+    return_tokens_as_token_ids (unambiguous where a token is part of a character)."""
+    if not getattr(req, "return_tokens_as_token_ids", False):
+        return state.text_of
+    return lambda token_id: (f"token_id:{token_id}", state.text_of(token_id)[1])
+
+
 def completion_logprobs(token_ids: list[int], lps: list[TokenLogprobs | None], text_of: TokenText, offset: int) -> dict:
     """The legacy completions ``logprobs`` object for a run of tokens starting at text offset ``offset``."""
     out = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}

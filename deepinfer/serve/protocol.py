@@ -15,11 +15,10 @@ from deepinfer.scheduler.sampling_params import SamplingParams
 from deepinfer.serve.errors import bad_request
 from deepinfer.serve.structured import structured_spec
 
-# field -> the value that means "off" (accepted), for fields not implemented yet
+# field -> the value that means "off" (accepted), for fields deepinfer does not implement
 NOT_YET = {
-    "best_of": 1, "echo": False, "suffix": None,
     "functions": None, "function_call": None, "audio": None, "modalities": None, "prediction": None,
-    "reasoning_effort": None, "web_search_options": None, "service_tier": None, "store": None, "metadata": None,
+    "web_search_options": None,
 }
 _REASON: dict[str, str] = {}
 
@@ -29,8 +28,6 @@ def check_not_yet(raw: dict[str, Any]) -> None:
     bad = []
     for key, neutral in NOT_YET.items():
         if key not in raw or raw[key] is None or raw[key] == neutral:
-            continue
-        if key == "best_of" and raw[key] == raw.get("n", 1):
             continue
         bad.append(key)
     if bad:
@@ -68,8 +65,11 @@ class _Sampling(_Strict):
     min_p: float | None = None
     min_tokens: int | None = None
     prompt_logprobs: int | None = None
-    # accepted so the neutral value passes; anything else is refused by check_not_yet
-    best_of: int | None = None
+    # OpenAI's fields that change nothing here: deepinfer stores no completions (store, metadata) and
+    # has one service tier (answered as "default")
+    store: bool | None = None
+    metadata: dict[str, Any] | None = None
+    service_tier: Literal["auto", "default", "flex", "scale", "priority"] | None = None
     # output constraints (serve/structured.py reads them into one StructuredOutputsParams)
     response_format: dict[str, Any] | None = None
     structured_outputs: dict[str, Any] | None = None
@@ -81,6 +81,11 @@ class _Sampling(_Strict):
     # vLLM's extras
     include_stop_str_in_output: bool = False
     truncate_prompt_tokens: StrictInt | None = None  # keep the last N prompt tokens (-1: max_model_len)
+    priority: StrictInt = 0  # --scheduling-policy priority: lower is scheduled first
+    return_tokens_as_token_ids: bool = False  # logprobs name tokens "token_id:N" (unambiguous for any bytes)
+    # with skip_special_tokens false: true puts a space between special tokens and the text around them
+    # (slow tokenizers' convention), false joins them as decoded; unset: as the tokenizer decodes
+    spaces_between_special_tokens: bool | None = None
     # prefix caching: requests share cached prompt state only with requests of the same salt (tenants)
     cache_salt: StrictStr | None = Field(default=None, min_length=1, max_length=1024)
 
@@ -114,6 +119,7 @@ class _Sampling(_Strict):
                 prompt_logprobs=self.prompt_logprobs,
                 structured_outputs=structured_spec(self),
                 include_stop_str_in_output=self.include_stop_str_in_output,
+                spaces_between_special_tokens=self.spaces_between_special_tokens,
             )
         except ValueError as e:
             raise bad_request(str(e), str(e).split(" ", 1)[0]) from None
@@ -134,10 +140,12 @@ class _Sampling(_Strict):
 class CompletionRequest(_Sampling):
     # token ids are strict: true is not token 1
     prompt: str | list[str] | list[StrictInt] | list[list[StrictInt]]
-    max_tokens: int | None = 16
+    max_tokens: int | None = 16  # 0 with echo: score the prompt only (serve/scoring.py)
     logprobs: int | None = None
-    echo: bool | None = None
-    suffix: str | None = None
+    echo: bool = False  # the prompt comes back before the completion (with its logprobs when asked)
+    suffix: str | None = None  # fill in the middle: needs a tokenizer with FIM tokens (serve/scoring.py)
+    best_of: StrictInt | None = None  # sample this many, return the n of highest cumulative logprob
+    add_special_tokens: bool = True  # the tokenizer's BOS before a text prompt (when its config adds one)
 
 
 class ContentPart(_Strict):
@@ -177,8 +185,12 @@ class ChatCompletionRequest(_Sampling):
     functions: list[Any] | None = None
     function_call: Any = None
     parallel_tool_calls: bool | None = None
-    store: bool | None = None
-    metadata: dict[str, Any] | None = None
+    add_special_tokens: bool = False  # the template writes BOS itself
+    chat_template: str | None = None  # a Jinja template for this request (--trust-request-chat-template)
+    chat_template_kwargs: dict[str, Any] | None = None  # template variables, e.g. {"thinking": true}
+    # OpenAI's reasoning models' switch: anything but "none" turns DeepSeek's thinking on
+    reasoning_effort: Literal["none", "minimal", "low", "medium", "high", "xhigh", "max"] | None = None
+    thinking_token_budget: StrictInt | None = None  # vLLM's: at most this many reasoning tokens, then </think>
 
 
 class TokenizeRequest(_Strict):

@@ -16,7 +16,9 @@ from deepinfer.text.tokenizer import ChatTemplateError, TextTokenizer, flatten_c
 from deepinfer.text.tool_format import render_tool_calls, render_tool_results
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
-ALLOWED_EXTRA = {"assistant": {"tool_calls"}, "tool": {"tool_call_id"}}  # fields beyond role / content / name
+# fields beyond role / content / name; an assistant turn's reasoning is dropped from the prompt (DeepSeek
+# keeps only the answers of past turns)
+ALLOWED_EXTRA = {"assistant": {"tool_calls", "reasoning_content", "reasoning"}, "tool": {"tool_call_id"}}
 
 
 @dataclass
@@ -36,6 +38,8 @@ class ServerState:
     created: int = field(default_factory=lambda: int(time.time()))
     grammar: Any = None  # grammar/backend.GrammarBackend: structured outputs (None: no tokenizer)
     draining: bool = False  # set on SIGTERM (serve/shutdown.py): new generation requests get 503
+    trust_request_chat_template: bool = False  # a request's own chat_template is rendered (sandboxed)
+    ui: bool = False  # serve the built-in web page at / (serve/ui_routes.py)
 
     def __post_init__(self):
         self.text_of = TokenText(self.tokenizer.tokenizer if self.tokenizer else None)
@@ -52,10 +56,10 @@ def encode(state: ServerState, text: str, what: str, add_special_tokens: bool = 
     return state.tokenizer.encode(check_text(text, what), add_special_tokens=add_special_tokens)
 
 
-def completion_prompts(state: ServerState, prompt: Any) -> list[list[int]]:
+def completion_prompts(state: ServerState, prompt: Any, add_special_tokens: bool = True) -> list[list[int]]:
     vocab = state.vocab_size
     if isinstance(prompt, str):
-        return [token_ids(encode(state, prompt, "prompt"), "prompt", vocab)]
+        return [token_ids(encode(state, prompt, "prompt", add_special_tokens), "prompt", vocab)]
     if not prompt:
         raise bad_request("prompt is empty", "prompt")
     if all(isinstance(p, int) for p in prompt):
@@ -63,16 +67,18 @@ def completion_prompts(state: ServerState, prompt: Any) -> list[list[int]]:
     # several prompts: each is a sequence, so more than the server can hold can never run
     at_most(prompt, "prompt", state.max_num_seqs + state.max_waiting, "prompts")
     if all(isinstance(p, str) for p in prompt):
-        return [token_ids(encode(state, p, f"prompt[{i}]"), f"prompt[{i}]", vocab) for i, p in enumerate(prompt)]
+        return [token_ids(encode(state, p, f"prompt[{i}]", add_special_tokens), f"prompt[{i}]", vocab)
+                for i, p in enumerate(prompt)]
     return [token_ids(list(p), f"prompt[{i}]", vocab) for i, p in enumerate(prompt)]
 
 
 def render_chat(state: ServerState, messages, add_generation_prompt: bool, tools_prompt: str = "",
-                continue_final: bool = False) -> str:
+                continue_final: bool = False, options=None) -> str:
     """The prompt of a conversation. Assistant ``tool_calls`` and ``tool`` results are written in
     the model's tool format (text/tool_format.py); consecutive tool results make one turn.
     ``continue_final`` (vLLM's continue_final_message): the prompt ends right after the last
-    message's content (an assistant turn left open for the model to continue)."""
+    message's content (an assistant turn left open for the model to continue). ``options``: a
+    serve/chat_options.TemplateOptions (the request's template and its variables)."""
     if continue_final:
         last = messages[-1]
         if add_generation_prompt:
@@ -110,9 +116,11 @@ def render_chat(state: ServerState, messages, add_generation_prompt: bool, tools
     if state.tokenizer is None:
         raise bad_request("this model has no tokenizer, so no chat template: use /v1/completions with token ids")
     try:
-        text = state.tokenizer.apply_chat_template(plain, add_generation_prompt, tools_prompt)
+        text = state.tokenizer.apply_chat_template(plain, add_generation_prompt, tools_prompt,
+                                                   options.chat_template if options else None,
+                                                   **(options.kwargs if options else {}))
     except ChatTemplateError as e:
-        raise bad_request(str(e), "messages") from None
+        raise bad_request(str(e), "chat_template" if options and options.chat_template else "messages") from None
     if continue_final:  # cut what the template closes the turn with (EOS, ...)
         final = flatten_content(plain[-1]["content"])
         text = text[: text.rfind(final) + len(final)]

@@ -43,6 +43,7 @@ class Sequence:
     prompt_index: int = 0
     cache_salt: str | None = None
     num_cached_tokens: int = 0  # filled in from the engine's first update
+    priority: int = 0  # --scheduling-policy priority: lower is scheduled first
 
 
 def cached_tokens(seqs: list[Sequence]) -> int:
@@ -54,13 +55,14 @@ def cached_tokens(seqs: list[Sequence]) -> int:
 
 
 def sequences(prefix: str, prompts: list[list[int]], sps: list[SamplingParams], grammars=None,
-              cache_salt: str | None = None) -> list[Sequence]:
+              cache_salt: str | None = None, priority: int = 0) -> list[Sequence]:
     """One engine sequence per (prompt, choice); prompt i's choices get indices i*n .. i*n + n - 1."""
     out = []
     grammars = grammars or [None] * len(prompts)
     for i, (ids, sp, grammar) in enumerate(zip(prompts, sps, grammars)):
         for j, choice in enumerate(sp.choices()):
-            out.append(Sequence(i * sp.n + j, f"{prefix}-{i}-{j}", ids, choice, grammar, i, cache_salt))
+            out.append(Sequence(i * sp.n + j, f"{prefix}-{i}-{j}", ids, choice, grammar, i, cache_salt,
+                                priority=priority))
     return out
 
 
@@ -80,7 +82,8 @@ async def run(
             choice = ChoiceOutput(seq.index, seq.sp, tok)
             if choices is not None:
                 choices[seq.index] = choice
-            gen = state.engine.generate(seq.request_id, seq.prompt_ids, seq.sp, seq.grammar, seq.cache_salt)
+            gen = state.engine.generate(seq.request_id, seq.prompt_ids, seq.sp, seq.grammar, seq.cache_salt,
+                                        seq.priority)
             m.prompt_tokens.inc(len(seq.prompt_ids))
             async for upd in gen:
                 seq.num_cached_tokens = max(seq.num_cached_tokens, upd.num_cached_tokens)
@@ -187,25 +190,43 @@ def event_stream(rid: str, chunks) -> StreamingResponse:
     return StreamingResponse(guarded(), media_type="text/event-stream")
 
 
-async def stream_completion(state, rid, seqs, arrival, n_prompt, include_usage, want_logprobs):
+async def stream_completion(state, rid, seqs, arrival, n_prompt, include_usage, want_logprobs, text_of=None,
+                            echoes=None, score_only=False, show_prompt_logprobs=True):
+    """Completion chunks. ``echoes``: per prompt, the text sent first (echo); with logprobs the
+    prompt's listing comes with it. ``score_only`` (max_tokens 0): nothing generated is sent."""
+    from deepinfer.serve.scoring import echo_logprobs, join_logprobs
+
+    text_of = text_of or state.text_of
     created, n_out = int(time.time()), 0
     offsets = {s.index: 0 for s in seqs}
+    echoing = {s.index for s in seqs} if echoes else set()  # choices whose echo is still to send
     async for seq, delta, error in run(state, seqs, arrival):
         if error is not None:
             yield sse(APIError(500, f"generation failed: {error}").body())
             break
+        if score_only:
+            delta.text, delta.token_ids, delta.logprobs = "", [], []
+            delta.finish_reason = delta.finish_reason and "length"
+            delta.stop_reason = None
         n_out += len(delta.token_ids)
-        if not delta.text and delta.finish_reason is None and not (want_logprobs and delta.token_ids) \
-                and delta.prompt_logprobs is None:
+        head = echoes[seq.prompt_index] if seq.index in echoing else ""
+        if not head and not delta.text and delta.finish_reason is None and not (want_logprobs and delta.token_ids) \
+                and delta.prompt_logprobs is None and seq.index not in echoing:
             continue  # nothing to show yet (e.g. half a UTF-8 character)
         lp = None
         if want_logprobs:
-            lp = completion_logprobs(delta.token_ids, delta.logprobs, state.text_of, offsets[seq.index])
+            prompt_part = None
+            if seq.index in echoing:
+                prompt_part, offsets[seq.index] = echo_logprobs(seq.prompt_ids, delta.prompt_logprobs or {}, text_of)
+            lp = completion_logprobs(delta.token_ids, delta.logprobs, text_of, offsets[seq.index])
             offsets[seq.index] += sum(len(t) for t in lp["tokens"])
-        choice = {"index": seq.index, "text": delta.text, "logprobs": lp,
+            if prompt_part is not None:
+                lp = join_logprobs(prompt_part, lp)
+        echoing.discard(seq.index)
+        choice = {"index": seq.index, "text": head + delta.text, "logprobs": lp,
                   "finish_reason": delta.finish_reason, "stop_reason": delta.stop_reason}
-        if delta.prompt_logprobs is not None:
-            choice["prompt_logprobs"] = prompt_logprobs_listing(seq.prompt_ids, delta.prompt_logprobs, state.text_of)
+        if delta.prompt_logprobs is not None and show_prompt_logprobs:
+            choice["prompt_logprobs"] = prompt_logprobs_listing(seq.prompt_ids, delta.prompt_logprobs, text_of)
         yield sse({"id": rid, "object": "text_completion", "created": created, "model": state.model_name,
                    "choices": [choice]})
     if include_usage:
@@ -214,11 +235,18 @@ async def stream_completion(state, rid, seqs, arrival, n_prompt, include_usage, 
     yield SSE_DONE
 
 
-async def stream_chat(state, rid, seqs, arrival, n_prompt, include_usage, want_logprobs, parse_tools=False):
-    """Chat chunks; with ``parse_tools``, tool calls go out as ``tool_calls`` deltas (each call whole,
-    once its block closes) and text that may open a call block is held until it is known."""
+async def stream_chat(state, rid, seqs, arrival, n_prompt, include_usage, want_logprobs, parse_tools=False,
+                      thinking=False, text_of=None):
+    """Chat chunks; with ``thinking``, text before the reasoning's end goes out as
+    ``reasoning_content`` deltas (text/reasoning.py); with ``parse_tools``, tool calls in the
+    answer go out as ``tool_calls`` deltas (each call whole, once its block closes) and text
+    that may open a call block is held until it is known."""
+    from deepinfer.text.reasoning import ReasoningStream
+
+    text_of = text_of or state.text_of
     created, n_out = int(time.time()), 0
     parsers = {s.index: ToolCallStream() for s in seqs} if parse_tools else {}
+    reasoners = {s.index: ReasoningStream() for s in seqs} if thinking else {}
 
     def chunk(choices):
         return {"id": rid, "object": "chat.completion.chunk", "created": created, "model": state.model_name, "choices": choices}
@@ -230,23 +258,31 @@ async def stream_chat(state, rid, seqs, arrival, n_prompt, include_usage, want_l
             yield sse(APIError(500, f"generation failed: {error}").body())
             break
         n_out += len(delta.token_ids)
-        text, calls, reason = delta.text, [], delta.finish_reason
+        text, calls, reason, reasoning = delta.text, [], delta.finish_reason, ""
+        reasoner = reasoners.get(seq.index)
+        if reasoner is not None:
+            reasoning, text = reasoner.feed(text)
+            if reason is not None:
+                more_reasoning, more_text = reasoner.flush()
+                reasoning, text = reasoning + more_reasoning, text + more_text
         parser = parsers.get(seq.index)
         if parser is not None:
-            text, calls = parser.feed(delta.text)
+            text, calls = parser.feed(text)
             if reason is not None:
                 text += parser.flush()
                 if parser.num_calls and reason == "stop":
                     reason = "tool_calls"
-        if not text and not calls and reason is None and not (want_logprobs and delta.token_ids):
+        if not text and not reasoning and not calls and reason is None and not (want_logprobs and delta.token_ids):
             continue  # nothing to show yet (e.g. half a UTF-8 character, or a call block being written)
-        body = {"content": text} if text or (reason is None and not calls) else {}
+        body = {"content": text} if text or (reason is None and not calls and not reasoning) else {}
+        if reasoning:
+            body["reasoning_content"] = reasoning
         if calls:
             first = parser.num_calls - len(calls)
             body["tool_calls"] = [c.openai(first + i) for i, c in enumerate(calls)]
         yield sse(chunk([{
             "index": seq.index, "delta": body,
-            "logprobs": chat_logprobs(delta.token_ids, delta.logprobs, state.text_of) if want_logprobs else None,
+            "logprobs": chat_logprobs(delta.token_ids, delta.logprobs, text_of) if want_logprobs else None,
             "finish_reason": reason, "stop_reason": delta.stop_reason,
         }]))
     if include_usage:

@@ -27,7 +27,8 @@ class ToolPlan:
     parse: bool = False  # read tool calls out of the output
 
 
-def plan_tools(state, req) -> ToolPlan:
+def plan_tools(state, req, reasoning: bool = False) -> ToolPlan:
+    """``reasoning``: the prompt opened a thinking block; calls are constrained after it ends."""
     tools = req.tools or []
     choice = req.tool_choice if req.tool_choice is not None else ("auto" if tools else "none")
     if len(tools) > MAX_TOOLS:
@@ -63,7 +64,8 @@ def plan_tools(state, req) -> ToolPlan:
             xgr = None  # auto without xgrammar: calls are parsed, not constrained
         if xgr is not None:
             try:
-                tag = xgr.get_builtin_structural_tag("deepseek_v4", tools=plain, tool_choice=choice, reasoning="disabled",
+                tag = xgr.get_builtin_structural_tag("deepseek_v4", tools=plain, tool_choice=choice,
+                                                     reasoning="enabled" if reasoning else "disabled",
                                                      parallel_tool_calls=req.parallel_tool_calls is not False,
                                                      max_whitespace_cnt=1)  # a model must not loop on newlines
             except (ValueError, TypeError) as exc:

@@ -26,8 +26,10 @@ class TextDelta:
 
 class IncrementalDetokenizer:
     def __init__(self, tokenizer, stop: list[str] = (), skip_special_tokens: bool = True, min_tokens: int = 0,
-                 include_stop: bool = False):
+                 include_stop: bool = False, spaces_between_special_tokens: bool | None = None):
         self.tokenizer = tokenizer
+        # special token ids to set apart with spaces (vLLM's spaces_between_special_tokens), when kept
+        self._spaced = special_ids(tokenizer) if spaces_between_special_tokens and not skip_special_tokens else None
         self.include_stop = include_stop  # keep the stop string at the end of the text (vLLM's include_stop_str_in_output)
         self.min_tokens = min_tokens  # stop strings count only once this many tokens exist (vLLM)
         self.stop = list(stop)
@@ -41,6 +43,8 @@ class IncrementalDetokenizer:
         self.stopped: str | None = None
 
     def _decode(self, ids: list[int]) -> str:
+        if self._spaced:
+            return decode_spaced(self.tokenizer, ids, self._spaced)
         return self.tokenizer.decode(ids, skip_special_tokens=self.skip_special_tokens)
 
     def add(self, new_ids: list[int]) -> TextDelta:
@@ -92,6 +96,29 @@ class IncrementalDetokenizer:
     def _flush(self, num_tokens: int) -> TextDelta:
         delta, self.emitted = self.text[self.emitted :], len(self.text)
         return TextDelta(delta, num_tokens, self.stopped)
+
+
+def special_ids(tokenizer) -> frozenset[int]:
+    """The ids of a ``tokenizers.Tokenizer``'s special added tokens."""
+    return frozenset(i for i, t in tokenizer.get_added_tokens_decoder().items() if t.special)
+
+
+def decode_spaced(tokenizer, ids: list[int], special: frozenset[int]) -> str:
+    """Runs of ordinary tokens decoded on their own, joined to each special token by one space
+    (the slow tokenizers' join). Decoding a window that starts one token back, as the
+    incremental detokenizer does, yields the same spaces as decoding everything."""
+    parts, run = [], []
+    for t in ids:
+        if t in special:
+            if run:
+                parts.append(tokenizer.decode(run, skip_special_tokens=False))
+                run = []
+            parts.append(tokenizer.decode([t], skip_special_tokens=False))
+        else:
+            run.append(t)
+    if run:
+        parts.append(tokenizer.decode(run, skip_special_tokens=False))
+    return " ".join(parts)
 
 
 def byte_decoder() -> dict[str, int]:

@@ -43,7 +43,8 @@ class ChoiceOutput:
         sp = self.sampling_params
         self._detok = (
             IncrementalDetokenizer(self.tokenizer, sp.stop, sp.skip_special_tokens, sp.min_tokens,
-                                   sp.include_stop_str_in_output) if self.tokenizer is not None else None
+                                   sp.include_stop_str_in_output, sp.spaces_between_special_tokens)
+            if self.tokenizer is not None else None
         )
         if sp.stop and self._detok is None:
             raise ValueError("stop strings need a tokenizer (this model has none); use stop_token_ids")

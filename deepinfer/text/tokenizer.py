@@ -63,23 +63,43 @@ class TextTokenizer:
         return self.tokenizer.decode(ids, skip_special_tokens=skip_special_tokens)
 
     def apply_chat_template(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True,
-                            tools_prompt: str = "") -> str:
+                            tools_prompt: str = "", chat_template: str | None = None, **template_kwargs: Any) -> str:
         """The prompt text for a conversation. Message content may be a string or a list of
         ``{"type": "text", "text": ...}`` parts (joined). ``tools_prompt``: the tools section,
-        rendered (text/tool_format.py); templates that know it place it."""
-        if self.chat_template is None:
-            raise ChatTemplateError("this model's tokenizer_config.json has no chat_template; use /v1/completions")
-        if self._template is None:
-            from jinja2.sandbox import ImmutableSandboxedEnvironment
-
-            env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
-            env.globals["raise_exception"] = _raise
-            self._template = env.from_string(self.chat_template)
+        rendered (text/tool_format.py); templates that know it place it. ``chat_template``: a
+        template to use instead of the model's; ``template_kwargs``: more template variables
+        (vLLM's chat_template_kwargs, e.g. ``thinking=True``)."""
+        if chat_template is not None:
+            template = _compile(chat_template)
+        else:
+            if self.chat_template is None:
+                raise ChatTemplateError("this model's tokenizer_config.json has no chat_template; use /v1/completions")
+            if self._template is None:
+                self._template = _compile(self.chat_template)
+            template = self._template
         flat = [{**m, "content": flatten_content(m.get("content"))} for m in messages]
-        return self._template.render(
-            messages=flat, add_generation_prompt=add_generation_prompt, tools_prompt=tools_prompt,
-            bos_token=self.bos_token or "", eos_token=self.eos_token or "",
-        )
+        try:
+            return template.render(
+                **template_kwargs, messages=flat, add_generation_prompt=add_generation_prompt, tools_prompt=tools_prompt,
+                bos_token=self.bos_token or "", eos_token=self.eos_token or "",
+            )
+        except ChatTemplateError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - a template's own error (sandbox, undefined call, ...)
+            raise ChatTemplateError(f"the chat template failed: {type(exc).__name__}: {exc}") from None
+
+
+def _compile(source: str):
+    """A template in the sandbox transformers renders chat templates in."""
+    from jinja2 import TemplateSyntaxError
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+    env.globals["raise_exception"] = _raise
+    try:
+        return env.from_string(source)
+    except TemplateSyntaxError as exc:
+        raise ChatTemplateError(f"the chat template is not valid Jinja: {exc}") from None
 
 
 def flatten_content(content: Any) -> str:
