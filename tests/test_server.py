@@ -23,7 +23,8 @@ from tests.server_process import ServerProcess
 KEY = "test-key-123"
 MODEL = "deepinfer-tiny-random"
 ARGS = ["--api-key", KEY, "--max-num-seqs", "8", "--max-num-batched-tokens", "64", "--max-model-len", "2048",
-        "--max-waiting", "40", "--max-body-bytes", "20000"]
+        "--max-waiting", "40", "--max-body-bytes", "20000", "--scheduling-policy", "priority",
+        "--trust-request-chat-template"]
 
 
 @pytest.fixture(scope="module")
@@ -177,6 +178,49 @@ def test_continue_final_message_leaves_the_assistant_turn_open(server, client):
     assert r.status_code == 400 and "cannot both be true" in r.json()["error"]["message"]
 
 
+def test_a_requests_own_chat_template(server, client):
+    """--trust-request-chat-template: the request's template renders the prompt, with its kwargs."""
+    msgs = [{"role": "user", "content": "hello"}]
+    template = "{{ messages[0]['content'] }}{{ ' and ' + extra if extra else '' }}:"
+    r = post(server, "/v1/chat/completions", {"model": MODEL, "messages": msgs, "max_tokens": 1,
+                                              "chat_template": template, "chat_template_kwargs": {"extra": "more"}}).json()
+    assert r["usage"]["prompt_tokens"] == len("hello and more:")  # byte-level: one token per byte
+    plain = post(server, "/v1/chat/completions", {"model": MODEL, "messages": msgs, "max_tokens": 1}).json()
+    assert plain["usage"]["prompt_tokens"] == post(server, "/tokenize", {"messages": msgs}).json()["count"]
+
+
+def test_priority_decides_who_waits(server):
+    """--scheduling-policy priority: with the batch full, a later request of lower priority value is
+    admitted before an earlier one of higher value (FCFS would admit the earlier one first)."""
+    wait_idle(server)
+    done: dict[str, float] = {}
+
+    def run(name, priority, max_tokens):
+        r = post(server, "/v1/completions", {"model": MODEL, "prompt": name, "max_tokens": max_tokens,
+                                             "ignore_eos": True, "temperature": 0, "priority": priority})
+        assert r.status_code == 200, r.text
+        done[name] = time.monotonic()
+
+    # eight fillers take every slot; the first frees one long before the others
+    fillers = [threading.Thread(target=run, args=(f"f{i}", 0, 400 if i == 0 else 1200)) for i in range(8)]
+    for t in fillers:
+        t.start()
+    deadline = time.monotonic() + 30
+    while debug(server)["running"] < 8 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    late = [threading.Thread(target=run, args=("later", 5, 4)), threading.Thread(target=run, args=("urgent", -5, 4))]
+    for t, waiting in zip(late, (1, 2)):
+        t.start()
+        while debug(server)["waiting"] < waiting and time.monotonic() < deadline:
+            time.sleep(0.01)
+    assert debug(server)["waiting"] == 2 and "f0" not in done
+    for t in fillers + late:
+        t.join(timeout=120)
+    order = sorted(done, key=done.get)
+    # urgent took f0's slot and later waited for urgent's (FCFS: later first, then urgent in its slot)
+    assert order.index("urgent") < order.index("later") < order.index("f1"), order
+
+
 def test_models_by_id_and_openai_shaped_404_405(server, client):
     assert client.models.retrieve(MODEL).id == MODEL
     with pytest.raises(openai.NotFoundError, match="model 'gpt-4' does not exist"):
@@ -230,7 +274,10 @@ def test_logprobs(server, client):
         ("/v1/completions", {"model": MODEL, "prompt": "x", "temperature": -1}, 400, "temperature must be a number in [0, 100]"),
         ("/v1/completions", {"model": MODEL, "prompt": "x", "top_p": 1.5}, 400, "top_p must be in (0, 1]"),
         ("/v1/completions", {"model": MODEL, "prompt": [1, 2, 999999]}, 400, "token ids [999999] outside the vocabulary [0, 260)"),
-        ("/v1/completions", {"model": MODEL, "prompt": "x", "echo": True}, 400, "unsupported field(s) echo"),
+        ("/v1/completions", {"model": MODEL, "prompt": "x", "prediction": {"type": "content"}}, 400,
+         "unsupported field(s) prediction"),
+        ("/v1/chat/completions", {"model": MODEL, "messages": [{"role": "user", "content": "x"}],
+                                  "chat_template": "{% if %}"}, 400, "the chat template is not valid Jinja"),
         ("/v1/completions", {"model": MODEL, "prompt": "x", "presence_penalty": 5}, 400, "presence_penalty must be in [-2, 2]"),
         ("/v1/completions", {"model": MODEL, "prompt": "x", "logit_bias": {"400": 1}}, 400, "logit_bias has token ids [400] outside"),
         ("/v1/completions", {"model": MODEL, "prompt": "x", "frobnicate": 1}, 400, "unknown field 'frobnicate'"),

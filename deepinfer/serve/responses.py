@@ -10,21 +10,18 @@ serve/responses_stream.py.
 from __future__ import annotations
 
 import dataclasses
-import time
 import uuid
 
 from fastapi import Request
 
 from deepinfer.serve.checks import (
-    check_auth,
     check_room,
     check_sampling,
-    parse,
-    read_json,
     resolve_max_tokens,
     token_ids,
 )
 from deepinfer.serve.errors import APIError, bad_request
+from deepinfer.serve.prologue import generation_request
 from deepinfer.serve.responses_format import (
     finished,
     message_id,
@@ -40,7 +37,7 @@ from deepinfer.serve.responses_protocol import (
     text_format_spec,
 )
 from deepinfer.serve.responses_stream import stream_response
-from deepinfer.serve.server_state import ServerState, check_model, encode, render_chat
+from deepinfer.serve.server_state import ServerState, encode, render_chat
 from deepinfer.serve.streaming import cached_tokens, collect, event_stream, sequences
 from deepinfer.serve.structured import compile_grammar
 
@@ -50,12 +47,7 @@ FORMAT_FIELD = "text.format"  # the field errors about the output constraint nam
 async def responses(request: Request):
     state: ServerState = request.app.state.deepinfer
     rid = f"resp_{uuid.uuid4().hex}"
-    arrival = time.monotonic()
-    if state.draining:
-        raise APIError(503, "the server is shutting down", headers={"Connection": "close"})
-    check_auth(state.api_key, request)
-    req = parse(ResponsesRequest, await read_json(request, state.max_body_bytes, rid))
-    check_model(state, req.model)
+    req, arrival = await generation_request(request, ResponsesRequest, rid)
     check_honourable(req)
     messages = chat_messages(req)
     try:
