@@ -119,23 +119,49 @@ MODES = {
 }
 
 
+def _thinking(tok):
+    """Thinking requests: the prompt opens <think>; a budget forces </think> (grammar/thinking_budget.py),
+    one with a JSON schema after the reasoning, one seeded without a constraint."""
+    prompt = tok.encode(tok.apply_chat_template([{"role": "user", "content": "A list as JSON?"}], thinking=True),
+                        add_special_tokens=False)
+    end = tuple(tok.encode("</think>", add_special_tokens=False))
+    after = StructuredOutputsParams(json=SCHEMAS[0], reasoning_end="</think>")
+    sps = [SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, thinking_token_budget=4, reasoning_end_token_ids=end,
+                          structured_outputs=after),
+           SamplingParams(temperature=0.8, seed=3, max_tokens=24, min_tokens=12, thinking_token_budget=6,
+                          reasoning_end_token_ids=end)]
+    return [prompt, prompt], sps, end
+
+
+def _check_thinking(tok, reqs, sps, end):
+    for req, sp in zip(reqs, sps):
+        out, k = req.output_token_ids, sp.thinking_token_budget
+        assert tuple(out[k:k + len(end)]) == end and end[0] not in out[:k], out  # the budget, then the marker
+        if sp.structured_outputs is not None:
+            assert req.finish_reason == "stop" and _valid(_text(tok, req).split("</think>", 1)[1], SCHEMAS[0])
+
+
 @pytest.mark.parametrize("mode", list(MODES))
 def test_every_output_follows_its_constraint(bundled, mode):
-    """All constraints in one batch with unconstrained requests beside them (without overlap: every
-    other one, as the loops differ only in the steps before a constrained request runs)."""
+    """All constraints in one batch with unconstrained requests and thinking-budget requests beside them
+    (without overlap: every other one, as the loops differ only in the steps before a constrained
+    request runs)."""
     _, _, tok, _ = bundled
     specs = cases() if mode != "no_overlap" else cases()[::2]
     prompts = _prompts(tok, len(specs) + 3)
     sps = [_sampling(i, s) for i, (s, _) in enumerate(specs)]
     sps += [SamplingParams(temperature=0.0, max_tokens=20, ignore_eos=True)] * 3
+    think_prompts, think_sps, end = _thinking(tok)
     engine = _engine(bundled, **MODES[mode])
-    reqs = _run(engine, prompts, sps)
+    reqs = _run(engine, prompts + think_prompts, sps + think_sps)
     _check_outputs(tok, reqs[: len(specs)], [c for _, c in specs])
-    assert all(len(r.output_token_ids) == 20 for r in reqs[len(specs):])
+    assert all(len(r.output_token_ids) == 20 for r in reqs[len(specs):len(sps)])
+    _check_thinking(tok, reqs[len(sps):], think_sps, end)
     if mode == "mtp":
         constrained = reqs[: len(specs)]
         assert sum(r.num_accepted_tokens for r in constrained) > 0
         assert sum(r.num_draft_tokens - r.num_accepted_tokens for r in constrained) > 0  # rejections rolled back
+        assert all(r.num_draft_tokens > 0 for r in reqs[len(sps):])  # the budget's matcher rolled back drafts too
 
 
 def test_json_object_mode_gives_an_object(bundled):
