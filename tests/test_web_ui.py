@@ -219,12 +219,14 @@ def test_page_sends_the_knobs_and_shows_reasoning(bundled_server, browser):
         page.fill(field, value)
     page.click("#schema-example")
     page.check("#thinking", force=True)  # the checkbox is styled as a switch (its input is transparent)
+    page.fill("#thinking_budget", "12")
     page.fill("#prompt", "Where?")
     page.press("#prompt", "Enter")
     page.wait_for_function("window.deepinferUI.chunks >= 6 && !window.deepinferUI.busy", timeout=10_000)
     body, auth = sent[0]
     assert auth == "Bearer k-123" and page.evaluate("localStorage.getItem('deepinfer.apiKey')") == "k-123"
     assert body["stream"] is True and body["chat_template_kwargs"] == {"thinking": True}
+    assert body["thinking_token_budget"] == 12
     assert {k: body[k] for k in ("temperature", "top_p", "top_k", "max_tokens", "seed")} == {
         "temperature": 0.5, "top_p": 0.9, "top_k": 40, "max_tokens": 16, "seed": 7}
     assert body["messages"] == [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Where?"}]
@@ -234,4 +236,29 @@ def test_page_sends_the_knobs_and_shows_reasoning(bundled_server, browser):
     assert page.text_content(".reasoning .thought") == "The user wants a city."
     assert page.evaluate("document.querySelector('.reasoning').open") is False  # folded once the answer began
     assert "6 tokens" in page.text_content(".msg.assistant .meta")
+    context.close()
+
+
+def test_page_shows_the_servers_reasoning(bundled_server, browser):
+    """Thinking against the real server: the budget ends the bundled model's reasoning, whose text the
+    page shows in its block exactly as the server's non-streamed reasoning_content."""
+    import httpx
+
+    body = {"messages": [{"role": "user", "content": "What is a list?"}], "max_tokens": 12, "temperature": 0.8,
+            "seed": 1, "chat_template_kwargs": {"thinking": True}, "thinking_token_budget": 3}
+    expected = httpx.post(bundled_server.base + "/v1/chat/completions", json=body, timeout=60).json()
+    thought = expected["choices"][0]["message"]["reasoning_content"]
+    context = browser.new_context()
+    page = context.new_page()
+    page.goto(bundled_server.base + "/")
+    page.fill("#max_tokens", "12")
+    page.fill("#temperature", "0.8")
+    page.fill("#seed", "1")  # seeded sampling: the same tokens as the request above
+    page.check("#thinking", force=True)
+    page.fill("#thinking_budget", "3")
+    page.fill("#prompt", "What is a list?")
+    page.click("#send")
+    page.wait_for_function("window.deepinferUI.chunks > 0 && !window.deepinferUI.busy", timeout=20_000)
+    assert thought and page.text_content(".reasoning .thought") == thought
+    assert page.text_content(".msg.assistant .answer") == expected["choices"][0]["message"]["content"]
     context.close()

@@ -121,7 +121,11 @@
     for (const [k, v] of Object.entries(knobs)) if (v !== undefined) body[k] = v;
     const s = schema();
     if (s) body.response_format = { type: "json_schema", json_schema: { name: "playground", schema: s } };
-    if ($("thinking").checked) body.chat_template_kwargs = { thinking: true };
+    if ($("thinking").checked) {
+      body.chat_template_kwargs = { thinking: true };
+      const budget = number("thinking_budget", (t) => parseInt(t, 10));
+      if (budget !== undefined) body.thinking_token_budget = budget;
+    }
     return body;
   }
 
