@@ -118,6 +118,7 @@ def test_text_format_json_schema(client, model):
     ({"previous_response_id": "resp_123"}, "previous_response_id"),
     ({"tools": [{"type": "function", "name": "f", "parameters": {}}]}, "tools"),
     ({"tool_choice": "required"}, "tool_choice"),
+    ({"thinking_token_budget": 4}, "thinking_token_budget"),
     ({"include": ["message.output_text.logprobs"]}, "include"),
     ({"text": {"format": {"type": "json_schema", "name": "x"}}}, "text.format.schema"),
     ({"text": {"format": {"type": "yaml"}}}, "text"),
@@ -145,3 +146,35 @@ def test_strict_response_shape(server, model):
                       json={"model": model, "input": QUESTION, "max_output_tokens": 2, "temperature": 0}).json()
     r = Response.model_validate(body)
     assert r.usage.input_tokens_details.cached_tokens >= 0 and len(r.output_text) > 0
+
+
+def test_reasoning_effort_returns_a_reasoning_item(server, client, model):
+    """reasoning.effort turns DeepSeek's thinking on: the reasoning comes back as a reasoning item (the
+    chat path's reasoning_content), the answer as the message after it; streamed, the reasoning_text
+    events come first and the whole equals the non-streamed response."""
+    kw = dict(model=model, input=QUESTION, max_output_tokens=12, temperature=0.8, reasoning={"effort": "low"},
+              extra_body={"seed": 4, "thinking_token_budget": 3})
+    r = strict(client.responses.create(**kw))
+    chat = httpx.post(server.base + "/v1/chat/completions", timeout=60, json={
+        "model": model, "messages": [{"role": "user", "content": QUESTION}], "max_tokens": 12, "temperature": 0.8,
+        "seed": 4, "reasoning_effort": "low", "thinking_token_budget": 3}).json()["choices"][0]["message"]
+    kinds = [item.type for item in r.output]
+    assert kinds == ["reasoning", "message"] and r.output[0].summary == []
+    assert r.output[0].content[0].text == chat["reasoning_content"] and r.output_text == chat["content"]
+    assert r.usage.output_tokens_details.reasoning_tokens == 3 and r.reasoning.effort == "low"
+    events = [strict(e) for e in client.responses.create(**kw, stream=True)]
+    thought = "".join(e.delta for e in events if e.type == "response.reasoning_text.delta")
+    answer = "".join(e.delta for e in events if e.type == "response.output_text.delta")
+    assert (thought, answer) == (chat["reasoning_content"], chat["content"])
+    types = [e.type for e in events]
+    assert types.index("response.reasoning_text.done") < types.index("response.content_part.added")
+    final = events[-1].response
+    assert [i.type for i in final.output] == kinds and final.usage.output_tokens == r.usage.output_tokens
+    # no budget: the bundled model never closes its reasoning; the output is the reasoning item alone
+    open_ended = strict(client.responses.create(model=model, input=QUESTION, max_output_tokens=6, temperature=0.8,
+                                                reasoning={"effort": "high"}, extra_body={"seed": 4}))
+    assert [i.type for i in open_ended.output] == ["reasoning"] and open_ended.output[0].status == "incomplete"
+    assert open_ended.usage.output_tokens_details.reasoning_tokens == open_ended.usage.output_tokens
+    err = httpx.post(server.base + "/v1/responses", timeout=30, json={
+        "model": model, "input": "hi", "reasoning": {"effort": "low", "summary": "auto"}}).json()["error"]
+    assert err["param"] == "reasoning.summary" and "no summaries are written" in err["message"]

@@ -145,6 +145,15 @@ def test_spaces_between_special_tokens(bundled_server):
     assert spaced == " ".join(["<｜User｜>"] * 3)
 
 
+def test_add_generation_prompt_off_leaves_the_assistant_turn_unopened(bundled_server):
+    srv = bundled_server
+    msgs = [{"role": "user", "content": "Hi"}]
+    closed = post(srv, "/v1/chat/completions", {"messages": msgs, "max_tokens": 1, "add_generation_prompt": False})
+    opened = post(srv, "/v1/chat/completions", {"messages": msgs, "max_tokens": 1})
+    expect = post(srv, "/tokenize", {"messages": msgs, "add_generation_prompt": False})["count"]
+    assert closed["usage"]["prompt_tokens"] == expect == opened["usage"]["prompt_tokens"] - 1  # no <｜Assistant｜>
+
+
 def test_openai_bookkeeping_fields_are_accepted(bundled_server):
     srv = bundled_server
     body = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 3, "temperature": 0}

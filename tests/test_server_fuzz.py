@@ -202,7 +202,8 @@ def corpus():
             cases.append((path, {**base, "stop": v}, "stop"))
         for f, v in [("model", "gpt-4"), ("model", 123), ("stream", [1]), ("user", 5), ("frobnicate", 1),
                      ("stream_options", {"include_usage": True, "x": 1}), ("ignore_eos", "maybe"),
-                     ("min_tokens", 5000), ("echo", True), ("response_format", {"type": "yaml"}),
+                     ("min_tokens", 5000), ("echo", "maybe"), ("best_of", 17), ("priority", 1),
+                     ("chat_template_kwargs", {"messages": []}), ("response_format", {"type": "yaml"}),
                      ("response_format", {"type": "json_schema"}), ("guided_regex", "(a"), ("guided_json", {"type": "foo"}),
                      ("guided_choice", []), ("structured_outputs", {"jsn": 1}), ("guided_grammar", "root ::= x"),
                      ("tools", [{"type": "function"}]), ("seed", -1), ("n", 0)]:

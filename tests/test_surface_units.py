@@ -156,3 +156,23 @@ def test_template_options_name_what_they_refuse():
                       (req(chat_template="{{ 1 }}"), "needs --trust-request-chat-template")):
         with pytest.raises(APIError, match=text):
             template_options(state, bad)
+
+
+def test_suffix_is_written_in_deepseeks_fim_format_where_the_tokenizer_has_it():
+    from types import SimpleNamespace
+
+    from tokenizers import AddedToken, Tokenizer
+
+    from deepinfer.default_model import default_model_dir
+    from deepinfer.serve.errors import APIError
+    from deepinfer.serve.scoring import FIM_BEGIN, FIM_END, FIM_HOLE, fim_prompt
+    from deepinfer.text.tokenizer import TextTokenizer
+
+    raw = Tokenizer.from_file(f"{default_model_dir()}/tokenizer.json")
+    with pytest.raises(APIError, match="lacks <｜fim▁begin｜>, <｜fim▁hole｜>, <｜fim▁end｜>"):
+        fim_prompt(SimpleNamespace(tokenizer=TextTokenizer(raw)), "def f(", "    return x")
+    raw.add_special_tokens([AddedToken(t, special=True) for t in (FIM_BEGIN, FIM_HOLE, FIM_END)])
+    text = fim_prompt(SimpleNamespace(tokenizer=TextTokenizer(raw)), "def f(", "    return x")
+    assert text == "<｜fim▁begin｜>def f(<｜fim▁hole｜>    return x<｜fim▁end｜>"
+    ids = TextTokenizer(raw).encode(text)
+    assert [raw.id_to_token(i) for i in ids if raw.id_to_token(i).startswith("<｜fim")] == [FIM_BEGIN, FIM_HOLE, FIM_END]

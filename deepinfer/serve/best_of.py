@@ -5,6 +5,7 @@ count in usage (they were all generated)."""
 
 from __future__ import annotations
 
+from deepinfer.scheduler.sampling_params import MAX_N
 from deepinfer.serve.errors import bad_request
 
 
@@ -15,6 +16,8 @@ def check_best_of(req) -> int | None:
         return None
     if best < req.n:
         raise bad_request(f"best_of must be at least n, got best_of={best} and n={req.n}", "best_of")
+    if best > MAX_N:
+        raise bad_request(f"best_of must be at most {MAX_N}, got {best}", "best_of")
     if req.stream:
         raise bad_request("best_of > n cannot stream: the best choices are known only when all have finished", "best_of")
     return best

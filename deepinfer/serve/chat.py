@@ -14,7 +14,7 @@ import uuid
 
 from fastapi import Request
 
-from deepinfer.serve.chat_options import template_options
+from deepinfer.serve.chat_options import template_options, with_thinking_budget
 from deepinfer.serve.checks import (
     check_room,
     check_sampling,
@@ -84,15 +84,8 @@ async def chat_completions(request: Request):
         field = "tools"
     elif thinking and sp.structured_outputs is not None:
         sp = dataclasses.replace(sp, structured_outputs=dataclasses.replace(sp.structured_outputs, reasoning_end=THINK_END))
-    if req.thinking_token_budget is not None:
-        if not thinking:
-            raise bad_request("thinking_token_budget needs thinking on (chat_template_kwargs {\"thinking\": true} or "
-                              "reasoning_effort) and a template that opens the reasoning", "thinking_token_budget")
-        try:
-            sp = dataclasses.replace(sp, thinking_token_budget=req.thinking_token_budget,
-                                     reasoning_end_token_ids=tuple(encode(state, THINK_END, "messages", False)))
-        except ValueError as e:
-            raise bad_request(str(e), "thinking_token_budget") from None
+    sp = with_thinking_budget(state, sp, req.thinking_token_budget, thinking,
+                              'chat_template_kwargs {"thinking": true} or reasoning_effort')
     check_sampling(state, sp)
     grammar = await compile_grammar(state, sp.structured_outputs, field)
     seqs = sequences(rid, [prompt], [sp], [grammar], req.cache_salt, req.priority)

@@ -5,6 +5,7 @@ anything but "none" turns it on; the effort itself is passed to the template).""
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -40,3 +41,21 @@ def template_options(state, req) -> TemplateOptions:
             raise bad_request(f"chat_template has {len(req.chat_template)} characters; at most {MAX_TEMPLATE_CHARS} "
                               f"are allowed", "chat_template")
     return TemplateOptions(req.chat_template, kwargs)
+
+
+def with_thinking_budget(state, sp, budget: int | None, thinking: bool, how: str):
+    """sp with vLLM's thinking_token_budget (the end marker's ids from the tokenizer); refused when
+    the prompt opened no reasoning (``how`` says how a request turns thinking on)."""
+    from deepinfer.serve.server_state import encode
+    from deepinfer.text.reasoning import THINK_END
+
+    if budget is None:
+        return sp
+    if not thinking:
+        raise bad_request(f"thinking_token_budget needs thinking on ({how}) and a template that opens the reasoning",
+                          "thinking_token_budget")
+    try:
+        return dataclasses.replace(sp, thinking_token_budget=budget,
+                                   reasoning_end_token_ids=tuple(encode(state, THINK_END, "thinking_token_budget", False)))
+    except ValueError as e:
+        raise bad_request(str(e), "thinking_token_budget") from None

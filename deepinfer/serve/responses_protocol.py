@@ -60,9 +60,11 @@ class TextConfig(_Strict):
 
 
 class Reasoning(_Strict):
-    effort: str | None = None
-    summary: str | None = None
-    generate_summary: str | None = None
+    # anything but "none" turns DeepSeek's thinking on (as chat's reasoning_effort); the reasoning text
+    # comes back as a reasoning item (no summaries are written)
+    effort: Literal["none", "minimal", "low", "medium", "high", "xhigh", "max"] | None = None
+    summary: Literal["auto", "concise", "detailed"] | None = None
+    generate_summary: Literal["auto", "concise", "detailed"] | None = None
 
 
 class ResponsesRequest(_Strict):
@@ -86,6 +88,7 @@ class ResponsesRequest(_Strict):
     tool_choice: Literal["none", "auto", "required"] | dict[str, Any] | None = None
     parallel_tool_calls: bool | None = None
     reasoning: Reasoning | None = None
+    thinking_token_budget: int | None = None  # vLLM's extra, as on chat: at most N reasoning tokens, then </think>
     truncation: Literal["auto", "disabled"] | None = None
     include: list[str] | None = None
     top_logprobs: int | None = None
@@ -99,8 +102,8 @@ def check_honourable(req: ResponsesRequest) -> None:
         ("tools", bool(req.tools), "tools are not supported on /v1/responses; use /v1/chat/completions"),
         ("tool_choice", req.tool_choice not in (None, "none", "auto"), "there are no tools to choose from"),
         ("service_tier", req.service_tier not in (None, "auto", "default"), "there is one tier: default"),
-        ("reasoning", req.reasoning is not None and any(v is not None for v in req.reasoning.model_dump().values()),
-         "the served model has no reasoning settings"),
+        ("reasoning.summary", req.reasoning is not None and (req.reasoning.summary or req.reasoning.generate_summary)
+         is not None, "no summaries are written: the reasoning text itself comes back as a reasoning item"),
         ("truncation", req.truncation == "auto",
          "input is never truncated to fit; send a shorter one (or truncation: disabled)"),
         ("include", bool(req.include), "no extra output can be included"),
@@ -130,6 +133,12 @@ def sampling_request(req: ResponsesRequest, messages: list[ChatMessage]) -> Chat
     """The equivalent chat request: the Responses API samples exactly as chat does by default."""
     return ChatCompletionRequest(messages=messages, temperature=req.temperature, top_p=req.top_p, seed=req.seed,
                                  user=req.user)
+
+
+def template_kwargs(req: ResponsesRequest) -> dict:
+    """The chat template's thinking switch from reasoning.effort (serve/chat_options.py's meaning)."""
+    effort = req.reasoning.effort if req.reasoning is not None else None
+    return {} if effort is None else {"thinking": effort != "none", "reasoning_effort": effort}
 
 
 def text_format_spec(req: ResponsesRequest) -> StructuredOutputsParams | None:
