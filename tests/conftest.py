@@ -42,6 +42,14 @@ def bundled_server(tmp_path_factory):
     srv.stop()
 
 
+@pytest.fixture(scope="session")
+def bundled_client(bundled_server):
+    """The official openai client on the bundled server."""
+    import openai
+
+    return openai.OpenAI(base_url=bundled_server.base + "/v1", api_key="unused", max_retries=0, timeout=120)
+
+
 @pytest.fixture(autouse=True, scope="module")
 def _release_compiled_programs():
     """Drop each module's compiled XLA programs when it ends. XLA CPU maps ~900 memory regions per

@@ -26,8 +26,8 @@ def server(bundled_server):
 
 
 @pytest.fixture(scope="module")
-def client(server):
-    return openai.OpenAI(base_url=server.base + "/v1", api_key="unused", max_retries=0, timeout=120)
+def client(bundled_client):
+    return bundled_client
 
 
 @pytest.fixture(scope="module")

@@ -238,6 +238,7 @@ def _batch_invariant_check() -> None:
     print("BITWISE OK")
 
 
+@pytest.mark.slow  # 48 s (a batch-invariant subprocess); suite time
 def test_batch_invariant_mode_logits_are_bitwise_those_of_speculation_off():
     """In batch-invariant mode the logits at every verified position are bitwise those of plain
     one-token decode steps, whatever the drafts (oracle drafts rejected at every position)."""

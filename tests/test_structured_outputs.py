@@ -339,6 +339,7 @@ def _batch_invariant_check() -> None:
     print("BITWISE OK")
 
 
+@pytest.mark.slow  # 108 s (a batch-invariant subprocess compiling four engines); suite time
 def test_batch_invariant_mode_unconstrained_neighbours_are_bitwise_unchanged():
     """And the split (overlapped) constrained step gives the fused step's bits."""
     run_batch_invariant("tests.test_structured_outputs", "_batch_invariant_check")

@@ -37,6 +37,7 @@ def _run(steps: int, seed: int = 0):
                  warmup=2, weight_decay=0.1, eval_every=steps, eval_batch=4, log=lambda s: None)
 
 
+@pytest.mark.slow  # 23 s; trains, serves nothing (suite time)
 def test_training_is_deterministic_and_learns():
     params_a, hist_a = _run(30)
     params_b, hist_b = _run(30)
