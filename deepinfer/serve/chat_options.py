@@ -10,6 +10,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from deepinfer.serve.errors import bad_request
+from deepinfer.serve.server_state import encode
+from deepinfer.text.reasoning import THINK_END
 
 RESERVED = ("messages", "add_generation_prompt", "tools_prompt", "bos_token", "eos_token")
 MAX_TEMPLATE_CHARS = 64 << 10
@@ -46,9 +48,6 @@ def template_options(state, req) -> TemplateOptions:
 def with_thinking_budget(state, sp, budget: int | None, thinking: bool, how: str):
     """sp with vLLM's thinking_token_budget (the end marker's ids from the tokenizer); refused when
     the prompt opened no reasoning (``how`` says how a request turns thinking on)."""
-    from deepinfer.serve.server_state import encode
-    from deepinfer.text.reasoning import THINK_END
-
     if budget is None:
         return sp
     if not thinking:

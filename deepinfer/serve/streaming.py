@@ -27,7 +27,9 @@ from deepinfer.serve.formatting import (
     sse,
     usage,
 )
+from deepinfer.serve.scoring import echo_logprobs, join_logprobs
 from deepinfer.text.output import ChoiceDelta, ChoiceOutput
+from deepinfer.text.reasoning import ReasoningStream
 from deepinfer.text.tool_format import ToolCallStream
 
 log = logging.getLogger("deepinfer.serve")
@@ -194,8 +196,6 @@ async def stream_completion(state, rid, seqs, arrival, n_prompt, include_usage, 
                             echoes=None, score_only=False, show_prompt_logprobs=True):
     """Completion chunks. ``echoes``: per prompt, the text sent first (echo); with logprobs the
     prompt's listing comes with it. ``score_only`` (max_tokens 0): nothing generated is sent."""
-    from deepinfer.serve.scoring import echo_logprobs, join_logprobs
-
     text_of = text_of or state.text_of
     created, n_out = int(time.time()), 0
     offsets = {s.index: 0 for s in seqs}
@@ -210,7 +210,7 @@ async def stream_completion(state, rid, seqs, arrival, n_prompt, include_usage, 
             delta.stop_reason = None
         n_out += len(delta.token_ids)
         head = echoes[seq.prompt_index] if seq.index in echoing else ""
-        if not head and not delta.text and delta.finish_reason is None and not (want_logprobs and delta.token_ids) \
+        if not delta.text and delta.finish_reason is None and not (want_logprobs and delta.token_ids) \
                 and delta.prompt_logprobs is None and seq.index not in echoing:
             continue  # nothing to show yet (e.g. half a UTF-8 character)
         lp = None
@@ -241,8 +241,6 @@ async def stream_chat(state, rid, seqs, arrival, n_prompt, include_usage, want_l
     ``reasoning_content`` deltas (text/reasoning.py); with ``parse_tools``, tool calls in the
     answer go out as ``tool_calls`` deltas (each call whole, once its block closes) and text
     that may open a call block is held until it is known."""
-    from deepinfer.text.reasoning import ReasoningStream
-
     text_of = text_of or state.text_of
     created, n_out = int(time.time()), 0
     parsers = {s.index: ToolCallStream() for s in seqs} if parse_tools else {}
