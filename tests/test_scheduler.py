@@ -216,14 +216,15 @@ def test_pack_layout():
     assert positions[:7].tolist() == [5, 0, 1, 2, 3, 4, 5] and token_row[:7].tolist() == [0, 1, 1, 1, 1, 1, 1]
     assert (ints[4 * t : 5 * t] == -1).all()  # next_prompt_token: nobody asked for prompt logprobs
     assert (ints[5 * t : 6 * t] == -1).all()  # next_token: every chunk ends at its request's known tokens
-    rows = ints[6 * t : 6 * t + 12 * r].reshape(12, r)
-    slot, length, n_new, start, sample, seed, top_k, logprobs, prompt_len, num_draft, write_from, history = rows
+    rows = ints[6 * t : 6 * t + 13 * r].reshape(13, r)
+    slot, length, n_new, start, sample, seed, top_k, logprobs, prompt_len, num_draft, write_from, history, follows = rows
     assert slot.tolist() == [0, 1, 4, 4] and length[:2].tolist() == [5, 0] and n_new[:2].tolist() == [1, 6]
     assert start[:2].tolist() == [0, 1] and sample[:2].tolist() == [1, 1] and seed[:2].tolist() == [11, 12]
     assert top_k[:2].tolist() == [3, 0] and prompt_len[:2].tolist() == [5, 6] and logprobs[:2].tolist() == [0, 0]
     assert num_draft.tolist() == [0, 0, 0, 0]
     assert write_from.tolist() == history.tolist() == [0, 0, 0, 0]  # no prefix hit
-    at = 6 * t + 12 * r
+    assert follows.tolist() == [0, 0, 0, 0]  # no speculation
+    at = 6 * t + 13 * r
     csa_table = ints[at : at + 8 * r].reshape(r, 8)
     assert csa_table[0, 0] == plan.scheduled[0][0].pages["csa"][0] and csa_table[2].tolist() == [32] * 8
     bias_ids = ints[at + 8 * r + 4 * r :].reshape(r, -1)
@@ -277,8 +278,8 @@ def test_drafts_never_emit_past_max_tokens_or_a_stop():
 
 
 def test_which_requests_take_drafts():
-    """Penalised requests never (they would need per-position counts); logprobs ones do; a pending
-    min_tokens allows only drafts that stay before it (its EOS block is one per row)."""
+    """Penalised and logprobs requests do (the device counts the drafts before each position); a
+    pending min_tokens allows only drafts that stay before it (its EOS block is one per row)."""
     s = _speculative()
     s.add_request(req("a", 3, temperature=0.8, logprobs=1))
     s.add_request(req("b", 3, temperature=0.0, presence_penalty=0.5))
@@ -288,8 +289,8 @@ def test_which_requests_take_drafts():
     for r in s.running:
         r.drafts = [8, 9, 10]
     plan = s.schedule()
-    assert plan.drafts == {"a": [8, 9, 10], "c": [8], "f": [8, 9, 10]}
-    assert [n for _, n in plan.scheduled] == [4, 1, 2, 4]
+    assert plan.drafts == {"a": [8, 9, 10], "b": [8, 9, 10], "c": [8], "f": [8, 9, 10]}
+    assert [n for _, n in plan.scheduled] == [4, 4, 2, 4]
     s = _speculative()
     s.add_request(req("e", 3, temperature=0.0, min_tokens=2, max_tokens=20))  # the next token may be EOS: none
     s.add_request(req("d", 3, temperature=0.8, top_p=0.9))
@@ -297,6 +298,46 @@ def test_which_requests_take_drafts():
     for r in s.running:
         r.drafts = [8, 9, 10]
     assert s.schedule().drafts == {"d": [8, 9, 10]}
+
+
+def test_overlap_plans_on_top_of_a_step_with_drafts_in_flight():
+    """Step N+1 is planned before step N (3 drafts) is read: as if all were accepted (placeholders,
+    num_computed, pages), its row flagged ``follows`` and its drafts left on the device; reading
+    step N (one accepted) moves step N+1's outputs to where they belong."""
+    s = _speculative()
+    s.add_request(req("a", 5, max_tokens=20, temperature=0.0))
+    run_step(s)  # prefill; the first output is 7
+    (a,) = s.running
+    a.drafts = [8, 9, 10]
+    step_n = s.schedule()
+    assert a.output_token_ids == [7, None, None, None, None] and a.num_computed == 9 and a.in_flight_plan is step_n
+    step_n1 = s.schedule()  # step N still in flight
+    assert step_n1.drafts == {"a": [None, None, None]} and step_n1.follows == {"a"}
+    assert step_n1.starts["a"] == 9 and a.num_computed == 13 and len(a.output_token_ids) == 9
+    ints, _ = pack(step_n1, s.config.pools, PlanShape(16, 4, (8,)), num_slots=4, seeds={"a": 0})
+    assert ints[:4].tolist() == [-1, -2, -3, -4]  # last token and drafts: the device's own
+    assert ints[16:20].tolist() == [9, 10, 11, 12]  # positions as the host assumed (the device shifts them)
+    s.update(step_n, {"a": [8, 3]})  # one accepted: two of step N's placeholders go
+    assert a.output_token_ids == [7, 8, 3, None, None, None, None] and a.num_computed == 11
+    assert a.in_flight_plan is step_n1
+    s.update(step_n1, {"a": [4, 5, 6, 2]})  # all accepted
+    assert a.output_token_ids == [7, 8, 3, 4, 5, 6, 2] and a.num_computed == 11 and a.num_pending == 1
+    assert a.in_flight_plan is None
+
+
+def test_overlap_waits_when_min_tokens_depends_on_the_step_in_flight():
+    """Whether EOS is still blocked at the next output depends on how many drafts the step in
+    flight accepts: the request sits that step out, then goes on."""
+    s = _speculative()
+    s.add_request(req("a", 5, max_tokens=20, temperature=0.0, min_tokens=4))
+    run_step(s)
+    (a,) = s.running
+    a.drafts = [8, 9, 10]
+    step_n = s.schedule()
+    assert step_n.drafts == {"a": [8, 9]}  # outputs 2 and 3 stay before min_tokens 4
+    assert s.schedule().scheduled == []  # the next output is index 2..4: undecidable until step N is read
+    s.update(step_n, {"a": [8, 3]})
+    assert [r.request_id for r, _ in s.schedule().scheduled] == ["a"]
 
 
 def test_confidence_scheduling_verifies_what_pays_for_its_step_time():

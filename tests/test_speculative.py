@@ -25,10 +25,12 @@ from tests.bi_subprocess import run_batch_invariant
 
 GREEDY = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)
 # a sampled row (speculates: its stream differs from speculation off, its distribution does not),
-# a row that does not speculate (penalties) and one reporting logprobs share the steps with the greedy ones
+# a penalised row (penalties at each verified position count the drafts before it, not after) and
+# one reporting logprobs share the steps with the greedy ones
 OTHERS = [
     SamplingParams(max_tokens=12, temperature=0.9, seed=7, ignore_eos=True),
-    SamplingParams(max_tokens=12, temperature=0.0, repetition_penalty=1.3, ignore_eos=True),
+    SamplingParams(max_tokens=12, temperature=0.0, repetition_penalty=1.3, frequency_penalty=0.6,
+                   presence_penalty=0.2, ignore_eos=True),
     SamplingParams(max_tokens=16, temperature=0.0, min_tokens=10),  # EOS blocked through the 10th token
     SamplingParams(max_tokens=12, temperature=0.0, logprobs=2, ignore_eos=True),
 ]
@@ -75,13 +77,17 @@ def bundled():
 
 # k=3 in the default suite (drafts accepted and rejected at several depths); 1, 5 and the
 # confidence-scheduled depth with `pytest -m slow` (the suite's time budget)
-@pytest.mark.parametrize("k", [pytest.param(1, marks=pytest.mark.slow), 3, pytest.param(5, marks=pytest.mark.slow),
-                               pytest.param("var", marks=pytest.mark.slow)])
+@pytest.mark.parametrize("k", [pytest.param(1, marks=pytest.mark.slow), 3, "3-sync",
+                               pytest.param(5, marks=pytest.mark.slow), pytest.param("var", marks=pytest.mark.slow)])
 def test_greedy_streams_equal_speculation_off(bundled, k):
-    """Fixed k, and confidence-scheduled ("var": up to 5 drafts, chosen per request and step from
-    the drafter's confidence and the step costs measured at warm-up)."""
+    """Fixed k, with overlap (the default: rows planned before their previous step's acceptance is
+    known) and without ("3-sync"), and confidence-scheduled ("var": up to 5 drafts, chosen per
+    request and step from the drafter's confidence and the step costs measured at warm-up)."""
     cfg, params, prompts, sps, base = bundled
-    engine = _engine(cfg, params, 5 if k == "var" else k, mtp_varlen=k == "var")
+    overlap = k != "3-sync"
+    k = 3 if k == "3-sync" else k
+    engine = _engine(cfg, params, 5 if k == "var" else k, mtp_varlen=k == "var", overlap=overlap)
+    assert engine.overlap == overlap
     if k == "var":
         engine.warmup()
         assert engine.scheduler.step_cost is not None
@@ -104,8 +110,10 @@ def test_greedy_streams_equal_speculation_off(bundled, k):
     assert stats.num_accepted_tokens == sum(r.num_accepted_tokens for r in reqs) == sum(stats.accepted_per_position)
     # the trained MTP head agrees with the model's next-next token often (0.71 on its validation split)
     assert stats.accepted_per_position[0] > 0.5 * stats.num_drafts
-    assert reqs[5].num_draft_tokens == 0  # the penalised row never takes drafts
-    assert reqs[6].num_draft_tokens > 0 and reqs[7].num_draft_tokens > 0  # min_tokens and logprobs rows do
+    if k != "var":  # drafts were rejected at every position, and all accepted too
+        assert all(0 < rate < 1 for rate in stats.position_rates()[:k]), stats
+    # penalised, min_tokens and logprobs rows take drafts too
+    assert reqs[5].num_draft_tokens > 0 and reqs[6].num_draft_tokens > 0 and reqs[7].num_draft_tokens > 0
     assert 1 not in reqs[6].output_token_ids[:10]
 
 
@@ -160,7 +168,9 @@ def test_rejection_at_every_draft_position_rolls_back_exactly(random_mtp):
             j = step["n"] % k
             req.drafts = truth[:j] + [(truth[j] + 1) % cfg.vocab_size] + truth[j + 1 :]
 
-    reqs = _run(_engine(cfg, params, k), prompts, sps, between_steps=oracle)
+    # oracle drafts are set on the host between steps: without overlap (with it, the device's own
+    # drafts feed the next step before the host sees them)
+    reqs = _run(_engine(cfg, params, k, overlap=False), prompts, sps, between_steps=oracle)
     for got, ref in zip(reqs, base):
         assert got.output_token_ids == ref.output_token_ids
         assert 0 < got.num_accepted_tokens < got.num_draft_tokens
@@ -230,11 +240,16 @@ def _batch_invariant_check() -> None:
                 j = step[0] % (k + 1)  # j == k: all drafts right
                 req.drafts = [t if i != j else (t + 1) % cfg.vocab_size for i, t in enumerate(truth)]
 
-    reqs = _run(_engine(cfg, params, k, keep_logits=True), prompts, sps, between_steps=oracle)
+    reqs = _run(_engine(cfg, params, k, keep_logits=True, overlap=False), prompts, sps, between_steps=oracle)
     for got, ref in zip(reqs, base):
         assert got.output_token_ids == ref.output_token_ids
         assert len(got.logits) == len(ref.logits) and all(np.array_equal(a, b) for a, b in zip(got.logits, ref.logits))
         assert 0 < got.num_accepted_tokens < got.num_draft_tokens
+    # the drafter's own drafts with overlap (rows planned before the previous step is read)
+    reqs = _run(_engine(cfg, params, k, keep_logits=True), prompts, sps)
+    for got, ref in zip(reqs, base):
+        assert got.output_token_ids == ref.output_token_ids
+        assert len(got.logits) == len(ref.logits) and all(np.array_equal(a, b) for a, b in zip(got.logits, ref.logits))
     print("BITWISE OK")
 
 
@@ -303,7 +318,7 @@ def test_sampled_verification_keeps_the_distribution(random_mtp):
 
     n = 500
     sps = [SamplingParams(max_tokens=3, temperature=1.0, top_k=4, seed=s, ignore_eos=True) for s in range(n)]
-    reqs = _run(_engine(cfg, params, 1), [prompt] * n, sps, between_steps=oracle)
+    reqs = _run(_engine(cfg, params, 1, overlap=False), [prompt] * n, sps, between_steps=oracle)
     assert all(r.num_draft_tokens >= 1 for r in reqs)  # every second token went through verification
     samples = [tuple(r.output_token_ids[:2]) for r in reqs]
     accepted = sum(b == mode[a] for a, b in samples)
@@ -323,11 +338,13 @@ def test_sampled_verification_keeps_the_distribution(random_mtp):
     assert 0 < accepted < n
 
 
-def test_preemption_while_speculating_keeps_greedy_streams(bundled):
-    """Pools for about three requests at a time: requests holding drafts are preempted, replay
-    their prompt and outputs, draft again, and still give speculation off's streams."""
+@pytest.mark.parametrize("overlap", [True, pytest.param(False, marks=pytest.mark.slow)])
+def test_preemption_while_speculating_keeps_greedy_streams(bundled, overlap):
+    """Pools too small for the four at once: requests holding drafts are preempted (with overlap,
+    while their step with drafts is still in flight), replay their prompt and outputs, draft
+    again, and still give speculation off's streams."""
     cfg, params, prompts, sps, base = bundled
-    engine = _engine(cfg, params, 3, num_pages=(("csa", 9), ("hca", 3)))
+    engine = _engine(cfg, params, 3, num_pages=(("csa", 9), ("hca", 2)), overlap=overlap)
     reqs = _run(engine, prompts[:4], sps[:4])
     assert engine.scheduler.num_preemptions > 0
     assert [r.output_token_ids for r in reqs] == [r.output_token_ids for r in base[:4]]

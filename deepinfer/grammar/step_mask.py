@@ -23,13 +23,14 @@ class RequestGrammar:
         self.matcher, self.kind = matcher, spec_kind
 
     def fill_along(self, rows: np.ndarray, drafts: list[int]) -> None:
-        """Fill rows[j] (j = 0..len(drafts)) with what may follow the output plus drafts[:j]."""
+        """Fill rows[j] (j = 0..len(drafts)) with what may follow the output plus drafts[:j] (a None
+        draft: unknown, its request finished; later positions are left as they are)."""
         advanced = 0
         for j in range(len(drafts) + 1):
             if self.matcher.is_terminated():
                 break  # a draft ended the grammar: later positions cannot be reached
             self.matcher.fill_next_token_bitmask(rows, j)
-            if j == len(drafts) or not self.matcher.accept_token(int(drafts[j])):
+            if j == len(drafts) or drafts[j] is None or not self.matcher.accept_token(int(drafts[j])):
                 break  # a draft the grammar forbids is masked at its own position, so it is rejected
             advanced += 1
         if advanced:

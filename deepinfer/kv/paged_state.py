@@ -16,6 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from deepinfer.models.interface import ModelFamily, PagedLayout
+from deepinfer.scheduler.speculation import MAX_DRAFT_TOKENS
 
 
 @jax.tree_util.register_dataclass
@@ -32,6 +33,12 @@ class EngineState:
     # in the prompt (penalties); rebuilt from the step inputs, so a preemption replay restores them.
     counts: jax.Array
     in_prompt: jax.Array
+    # speculation with overlap: the host plans step N+1 before it knows how many drafts step N
+    # accepted. [S, MAX_DRAFT_TOKENS] int32: each slot's latest drafts (plan tokens -2 - i read drafts[slot, i]);
+    # [S] int32: accepted - verified drafts of the slot's latest step (a row flagged ``follows`` shifts
+    # its positions by it: the host counted every draft as accepted).
+    drafts: jax.Array
+    shift: jax.Array
 
     def replace(self, **kw) -> "EngineState":
         return dataclasses.replace(self, **kw)
@@ -43,6 +50,8 @@ def init_engine_state(family: ModelFamily, cfg, layout: PagedLayout, dtype=jnp.f
         last_token=jnp.zeros((layout.num_slots,), jnp.int32),
         counts=jnp.zeros((layout.num_slots, cfg.vocab_size), jnp.int32),
         in_prompt=jnp.zeros((layout.num_slots, cfg.vocab_size), jnp.bool_),
+        drafts=jnp.zeros((layout.num_slots, MAX_DRAFT_TOKENS if layout.draft else 0), jnp.int32),
+        shift=jnp.zeros((layout.num_slots,), jnp.int32),
     )
 
 

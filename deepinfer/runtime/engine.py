@@ -83,8 +83,9 @@ class LLMEngine:
             if self.family.draft_forward is None:
                 raise ValueError(f"speculative decoding: the model family {type(self.family).__name__} has no draft forward")
             self.family.check_draft(cfg, params)
-        # Speculation runs without overlap for now: planning step N+1 needs step N's accepted count.
-        self.overlap = config.overlap and not self.num_drafts
+        # with speculation too: a row planned before its previous step is read follows it on the
+        # device (its positions shift by what that step accepted; scheduler/speculation.py)
+        self.overlap = config.overlap
         self.dtype = jnp.dtype(params["embed"].dtype)
         self.capacity = size_pools(self.family, cfg, config, self.dtype)
         self.pools = self.capacity.pools
@@ -278,6 +279,16 @@ class LLMEngine:
             self.prefix.apply(ops)
 
     @staticmethod
+    def _drafts_read(plan: StepPlan) -> None:
+        """The drafts a row took from its step in flight, now that it is read (the grammar masks
+        along them need them on the host; the device already read its own copy)."""
+        for req, _ in plan.scheduled:
+            drafts = plan.drafts.get(req.request_id)
+            if drafts and drafts[0] is None:
+                known = req.drafts[: len(drafts)] if not req.is_finished else []
+                plan.drafts[req.request_id] = known + [None] * (len(drafts) - len(known))
+
+    @staticmethod
     def _masks_needed(plan: StepPlan) -> bool:
         return any(r.grammar is not None and plan.samples(r) for r, _ in plan.scheduled)
 
@@ -317,6 +328,8 @@ class LLMEngine:
                 self._inflight = None
                 if prev is not None:
                     finished = self._process(*prev)
+                if split:
+                    self._drafts_read(plan)
                 self._inflight = (plan, *self._run_sample(plan, shape, pending)) if split else dispatched
             elif dispatched is not None:
                 finished = self._process(*dispatched)
@@ -327,7 +340,8 @@ class LLMEngine:
             self.scheduler.check_invariant()
         self.last_host_s = time.perf_counter() - t_start - self.last_wait_s
         self.host_s += self.last_host_s
-        if dispatched is None and self._inflight is None and not finished and self.scheduler.has_unfinished:
+        # (a step read now is progress: a request waiting for it is planned next time)
+        if dispatched is None and self._inflight is None and prev is None and self.scheduler.has_unfinished:
             raise RuntimeError("scheduler made no progress: a request cannot fit the KV pools")
         return finished
 

@@ -73,6 +73,28 @@ def update_token_stats(counts, in_prompt, rows: RowFields, fb: FlatBatch, tokens
     return counts, in_prompt
 
 
+def follow_in_flight(state: EngineState, tok: TokenFields, rows: RowFields) -> tuple[TokenFields, RowFields]:
+    """Rows whose request's previous step was still in flight when the host planned this one
+    (``follows``, speculation with overlap): the host counted all of that step's drafts as
+    accepted, so the row's length and positions move by the slot's shift (accepted - verified,
+    <= 0). Everything after this (the model, the sampler's positions, the drafter) sees true positions."""
+    n_slots = state.shift.shape[0]
+    shift = jnp.where(rows.follows > 0, jnp.take(state.shift, jnp.minimum(rows.slot, n_slots - 1)), 0)
+    tok = tok._replace(positions=tok.positions + jnp.where(tok.valid > 0, shift[tok.token_row], 0))
+    return tok, rows._replace(length=rows.length + shift)
+
+
+def resolve_placeholders(state: EngineState, tokens: jax.Array, slot: jax.Array) -> jax.Array:
+    """Plan tokens -1 -> the slot's last sampled token; -2 - j -> the slot's draft j (both from the
+    previous step, on the device)."""
+    last = jnp.take(state.last_token, slot, mode="clip")
+    if state.drafts.shape[1]:
+        j = jnp.clip(-2 - tokens, 0, state.drafts.shape[1] - 1)
+        draft = state.drafts[jnp.clip(slot, 0, state.drafts.shape[0] - 1), j]
+        last = jnp.where(tokens <= -2, draft, last)
+    return jnp.where(tokens < 0, last, tokens)
+
+
 class Forwarded(NamedTuple):
     """The model half of a step, handed to the sampling half (on the device)."""
 
@@ -87,8 +109,9 @@ def forward_half(
 ) -> tuple[Forwarded, EngineState]:
     """The part of a step that needs no grammar mask: the paged forward, the penalty statistics,
     prompt logprobs. ``sample_half`` finishes the step; ``run_step`` is the two in one program."""
+    tok, rows = follow_in_flight(state, tok, rows)
     fb = flat_batch(tok, rows, tables)
-    tokens = jnp.where(tok.tokens < 0, jnp.take(state.last_token, fb.slot, mode="clip"), tok.tokens)
+    tokens = resolve_placeholders(state, tok.tokens, fb.slot)
     hidden, model_state = family.paged_forward(cfg, params, state.model, tokens, fb, layout.page_size)
     counts, in_prompt = update_token_stats(state.counts, state.in_prompt, rows, fb, tokens)
     # prompt logprobs: the lm head at every token whose next prompt token is wanted (skipped otherwise)
@@ -97,7 +120,7 @@ def forward_half(
         cfg.batch_invariant, lambda h, nxt: Logprobs(*token_logprobs(h, nxt, nxt >= 0, MAX_LOGPROBS, head)), hidden,
         tok.next_prompt_token,
     )
-    return Forwarded(hidden, tokens, prompt_lp), EngineState(model_state, state.last_token, counts, in_prompt)
+    return Forwarded(hidden, tokens, prompt_lp), state.replace(model=model_state, counts=counts, in_prompt=in_prompt)
 
 
 def run_step(
@@ -135,6 +158,7 @@ def sample_half(
 ) -> tuple[StepOutput, EngineState]:
     """The rest of a step after ``forward_half``: the head, logit processing, the mask, sampling
     and verification, the drafter, the per-slot last token."""
+    tok, rows = follow_in_flight(state, tok, rows)
     fb = flat_batch(tok, rows, tables)
     hidden, tokens, model_state = fwd.hidden, fwd.tokens, state.model
     counts, in_prompt = state.counts, state.in_prompt
@@ -142,14 +166,14 @@ def sample_half(
     last = jnp.clip(rows.start + rows.n_new - 1, 0, num_tokens - 1)
     head = lambda h: family.logits(cfg, params, h)  # noqa: E731
 
-    def sample_rows(h, r: RowFields, draft, has_draft, allowed):
+    def sample_rows(h, r: RowFields, draft, has_draft, allowed, later):
         """Head, logit processing, sampling (and verification of the draft there, if any) for
         (row, position) pairs independently."""
         logits = head(h)
         slot = jnp.minimum(r.slot, counts.shape[0] - 1)  # padding rows read any slot; their samples are dropped
         processed = apply_logit_bias(logits, r.bias_ids, r.bias_vals)
         processed = apply_penalties(processed, counts, in_prompt, slot, r.repetition_penalty,
-                                    r.presence_penalty, r.frequency_penalty)
+                                    r.presence_penalty, r.frequency_penalty, later)
         processed = apply_token_bitmask(processed, allowed)
         sampled, accepted = verify_sample(processed, r.length + r.n_new, r.seed, r.temperature, r.top_k, r.top_p,
                                           r.min_p, draft, has_draft)
@@ -171,8 +195,14 @@ def sample_half(
     words = bitmask_words(cfg.vocab_size)
     if bitmask is None:
         bitmask = jnp.full((rows.slot.shape[0], width, words), -1, jnp.int32)
+    # penalties at position j count the outputs before it: every input of the row is counted, so
+    # the drafts after j (entered, not yet before j) are taken out again there
+    i = jnp.arange(max(num_drafts, 1), dtype=jnp.int32)[None, None, :]
+    after_j = (i >= j[:, :, None]) & (i < rows.num_draft[:, None, None])
+    later = jnp.where(after_j, drafted[:, None, : i.shape[-1]], cfg.vocab_size)  # [R, K1, k]; V: none
     sampled, ok, logits, logprobs = per_token(tiled, sample_rows, hidden[grid.reshape(-1)], grid_rows,
-                                              drafted.reshape(-1), has_draft.reshape(-1), bitmask.reshape(-1, words))
+                                              drafted.reshape(-1), has_draft.reshape(-1), bitmask.reshape(-1, words),
+                                              later.reshape(-1, i.shape[-1]))
     unflat = lambda a: a.reshape(-1, width, *a.shape[1:])  # noqa: E731
     sampled, ok, logits, logprobs = unflat(sampled), unflat(ok), unflat(logits), jax.tree.map(unflat, logprobs)
     # drafts are accepted while each passes verification; the first failure emits the target's token
@@ -191,12 +221,15 @@ def sample_half(
         drafts, confidence, model_state = family.draft_forward(
             cfg, params, model_state, hidden, next_tokens, fb, layout.page_size, first + accepted, samples, num_drafts)
     writes = jnp.where(samples, rows.slot, state.last_token.shape[0])  # padding / mid-prompt rows: dropped
-    new_state = EngineState(
+    new_state = state.replace(
         model=model_state,
         last_token=state.last_token.at[writes].set(final, mode="drop"),
         counts=counts,
         in_prompt=in_prompt,
+        shift=state.shift.at[writes].set(accepted - rows.num_draft, mode="drop"),
     )
+    if num_drafts:  # the next step may verify them before the host has read them (overlap)
+        new_state = new_state.replace(drafts=state.drafts.at[writes, :num_drafts].set(drafts, mode="drop"))
     return StepOutput(sampled, num_emitted, logits, logprobs, fwd.prompt_logprobs, drafts, confidence), new_state
 
 

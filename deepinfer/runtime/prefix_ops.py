@@ -108,7 +108,7 @@ def cache_ops(family: ModelFamily, cfg, layout: PagedLayout, shape: OpsShape, st
         counts = counts.at[jnp.where(mark_out > 0, mark_slot, counts.shape[0]), mark_tok].add(1, mode="drop")
         in_prompt = in_prompt.at[jnp.where(mark_out > 0, in_prompt.shape[0], mark_slot), mark_tok].set(True, mode="drop")
     model = jax.tree.unflatten(treedef, out)
-    return EngineState(model, state.last_token, counts, in_prompt), store
+    return state.replace(model=model, counts=counts, in_prompt=in_prompt), store
 
 
 cache_ops_jit = jax.jit(cache_ops, static_argnums=(0, 1, 2, 3), donate_argnums=(4, 5))

@@ -52,15 +52,18 @@ def apply_token_bitmask(logits: jax.Array, bitmask: jax.Array) -> jax.Array:
 
 def apply_penalties(
     logits: jax.Array, counts: jax.Array, in_prompt: jax.Array, slots: jax.Array,
-    repetition: jax.Array, presence: jax.Array, frequency: jax.Array,
+    repetition: jax.Array, presence: jax.Array, frequency: jax.Array, uncounted: jax.Array | None = None,
 ) -> jax.Array:
     """Repetition (tokens in prompt or output: positive logits divided, negative multiplied),
     then frequency * count and presence * (count > 0) subtracted (output tokens only).
     counts [S, V] int (output occurrences per slot), in_prompt [S, V] bool, slots [B]: each
-    row's slot. Skipped, gathers included, when no row asks."""
+    row's slot; uncounted [B, k] (ids >= V: none): tokens counted in the slot but not before this
+    row's position (speculation: the drafts after it). Skipped, gathers included, when no row asks."""
 
     def apply(_):
         c = counts[slots]
+        if uncounted is not None:
+            c = c.at[jnp.arange(c.shape[0])[:, None], uncounted].add(-1, mode="drop")
         seen = (c > 0) | in_prompt[slots]
         rep = repetition[:, None]
         x = jnp.where(seen, jnp.where(logits > 0, logits / rep, logits * rep), logits)

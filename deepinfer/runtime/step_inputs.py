@@ -23,7 +23,7 @@ from deepinfer.scheduler.sampling_params import MAX_BIAS_SLOTS
 class TokenFields(NamedTuple):
     """Every field [T] int32 (T: the token bucket)."""
 
-    tokens: jax.Array  # -1: the request's previous sampled token, read from EngineState.last_token
+    tokens: jax.Array  # -1: the request's previous sampled token (EngineState.last_token), -2 - j: its draft j
     positions: jax.Array
     token_row: jax.Array  # the token's request row
     valid: jax.Array  # 1: a real token, 0: padding
@@ -46,6 +46,7 @@ class RowFields(NamedTuple):
     num_draft: jax.Array  # the row's last num_draft tokens are drafts to verify (speculative decoding)
     write_from: jax.Array  # prefix hit: positions below write no pool rows (shared from the cache)
     history_start: jax.Array  # replay from an empty slot state: per-slot entries below do not exist
+    follows: jax.Array  # 1: shift positions by EngineState.shift[slot] (speculation with overlap, plan.py)
     temperature: jax.Array  # float32 from here on
     top_p: jax.Array
     min_p: jax.Array

@@ -23,6 +23,7 @@ def read_step(engine, plan: StepPlan, tokens: jax.Array, logits: jax.Array, logp
     kept = np.asarray(logits) if engine.config.keep_logits else None
     lp = tuple(np.asarray(a) for a in logprobs) if logprobs is not None else None
     emitted, new_drafts, confidence = (np.asarray(a) for a in drafts) if drafts is not None else (None,) * 3
+    engine.scheduler.locate_outputs(plan)  # an earlier step's rejected drafts moved them
     sampled = {}
     for i, (req, _) in enumerate(plan.scheduled):
         if plan.samples(req) and not req.is_finished:

@@ -13,6 +13,9 @@ tokens are marked invalid and padding rows point at out-of-range slots and pages
     prompt_len[R] num_draft[R] (the row's last num_draft tokens are drafts to verify)
     write_from[R] (prefix hit: positions below write no pool rows, the cache's pages hold them)
     history_start[R] (replay from an empty slot state: per-slot entries below do not exist)
+    follows[R] (1: the request's previous step is still in flight and verified drafts (overlap): the
+                host counted them all accepted, the device shifts the row's positions by what it
+                accepted; draft tokens -2 - i are that step's drafts, read on the device)
     block_table[pool][R, max_pages]   (one per pool, in PoolSpec order)
     bias_ids[R, MAX_BIAS_SLOTS]       (vocab size: unused slot)
 
@@ -32,7 +35,7 @@ from deepinfer.scheduler.scheduler import PoolSpec, StepPlan
 
 INT_FIELDS_T = ("tokens", "positions", "token_row", "valid", "next_prompt_token", "next_token")
 INT_FIELDS_R = ("slot", "length", "n_new", "start", "sample", "seed", "top_k", "logprobs", "prompt_len", "num_draft",
-                "write_from", "history_start")
+                "write_from", "history_start", "follows")
 FLOAT_FIELDS_R = ("temperature", "top_p", "min_p", "repetition_penalty", "presence_penalty", "frequency_penalty")
 
 
@@ -93,12 +96,13 @@ def pack(
         start = plan.starts[req.request_id]
         drafts = plan.drafts.get(req.request_id, [])
         known = req.all_token_ids
-        ids = known[start : start + n - len(drafts)] + drafts
-        if None in ids[:-1] or (ids[-1] is None and n != 1):
+        ids = known[start : start + n - len(drafts)]
+        if None in ids[:-1] or (ids and ids[-1] is None and n != 1 + len(drafts)):
             raise AssertionError(f"request {req.request_id}: unresolved tokens inside a chunk: {ids}")
         sl = slice(offset, offset + n)
-        # -1: the request's previous sampled token, still on the device (per-slot buffer)
-        tok["tokens"][sl] = [-1 if t is None else t for t in ids]
+        # -1: the request's previous sampled token, -2 - j: its draft j, still on the device (per-slot buffers)
+        tok["tokens"][sl] = [-1 if t is None else t for t in ids] + [-2 - j if t is None else t
+                                                                      for j, t in enumerate(drafts)]
         tok["positions"][sl] = np.arange(start, start + n)
         tok["token_row"][sl] = i
         tok["valid"][sl] = 1
@@ -123,6 +127,7 @@ def pack(
         row["num_draft"][i] = len(drafts)
         row["write_from"][i] = req.shared_until
         row["history_start"][i] = req.history_start
+        row["follows"][i] = int(req.request_id in plan.follows)
         flo["temperature"][i] = sp.temperature
         flo["top_p"][i] = sp.top_p
         flo["min_p"][i] = sp.min_p

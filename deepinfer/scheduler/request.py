@@ -48,6 +48,7 @@ class Request:
     # speculative decoding: the drafter's tokens after the last output (and their probabilities)
     drafts: list[int] = field(default_factory=list)
     draft_confidence: list[float] = field(default_factory=list)
+    in_flight_plan: Any = None  # the dispatched, not yet read step that samples for it (overlap)
     num_draft_tokens: int = 0  # drafts verified so far
     num_accepted_tokens: int = 0  # of which accepted
     # structured outputs: the request's grammar matcher (grammar/step_mask.RequestGrammar), host only

@@ -15,8 +15,9 @@ Policy (continuous batching with chunked prefill):
 
 Accounting is optimistic, so the host can plan step N+1 while step N runs (the
 overlapped loop): scheduling a chunk commits it (``num_computed`` advances) and a
-row that samples appends a placeholder output (None) that :meth:`update` fills
-when the step's tokens arrive. Requests that hit ``max_tokens`` are known at
+row that samples appends placeholder outputs (None), one per token it may emit
+(1 + its drafts, as if all were accepted), that :meth:`update` fills when the
+step's tokens arrive, dropping those of rejected drafts. Requests that hit ``max_tokens`` are known at
 scheduling time and are not scheduled again; a stop on EOS or a stop token is
 only known from the token, so the request may have run one extra step, whose
 placeholder is then dropped.
@@ -29,14 +30,21 @@ from __future__ import annotations
 
 import collections
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from deepinfer.scheduler import prefix_steps
 from deepinfer.scheduler.allocators import OutOfPages, PageAllocator, SlotAllocator
 from deepinfer.scheduler.prefix_cache import CacheSettings, PrefixCache
 from deepinfer.scheduler.queue_order import admit, check_policy, enqueue
 from deepinfer.scheduler.request import Request, RequestStatus
-from deepinfer.scheduler.speculation import SpecStats, num_drafts_for, plan_drafts
+from deepinfer.scheduler.speculation import (
+    SpecStats,
+    drafts_available,
+    min_tokens_uncertain,
+    num_drafts_for,
+    plan_drafts,
+)
+from deepinfer.scheduler.step_plan import StepPlan
 
 
 @dataclass(frozen=True)
@@ -70,42 +78,6 @@ class SchedulerConfig:
         for key in ("max_num_seqs", "max_num_batched_tokens", "max_model_len", "num_slots"):
             if getattr(self, key) < 1:
                 raise ValueError(f"{key} must be >= 1, got {getattr(self, key)}")
-
-
-@dataclass
-class StepPlan:
-    """What one step runs: (request, new tokens) in order, and who was preempted.
-
-    ``starts[id]``: the request's computed length before this step; ``outputs[id]``:
-    for rows that sample, the index of the placeholder output the step fills;
-    ``drafts[id]``: drafts the row verifies (its last tokens; counted in its n).
-    """
-
-    scheduled: list[tuple[Request, int]] = field(default_factory=list)
-    preempted: list[Request] = field(default_factory=list)
-    starts: dict[str, int] = field(default_factory=dict)
-    outputs: dict[str, int] = field(default_factory=dict)
-    drafts: dict[str, list[int]] = field(default_factory=dict)
-    cache: prefix_steps.CacheOps = field(default_factory=prefix_steps.CacheOps)  # run before the step
-
-    @property
-    def num_tokens(self) -> int:
-        return sum(n for _, n in self.scheduled)
-
-    def samples(self, req: Request, n: int | None = None) -> bool:
-        """Whether this step produces a new token for req (its chunk reaches the end of its known tokens)."""
-        return req.request_id in self.outputs
-
-    def add(self, req: Request, n: int, drafts: list[int] | None = None) -> None:
-        """Schedule n tokens of req (the last len(drafts) of them drafts) and commit them (optimistic accounting)."""
-        self.scheduled.append((req, n))
-        self.starts[req.request_id] = req.num_computed
-        req.num_computed += n
-        if drafts:
-            self.drafts[req.request_id] = list(drafts)
-        if req.num_computed - len(drafts or ()) == req.num_tokens:
-            self.outputs[req.request_id] = len(req.output_token_ids)
-            req.output_token_ids.append(None)  # placeholder until the step's token arrives
 
 
 class Scheduler:
@@ -169,8 +141,10 @@ class Scheduler:
             return None
         budget = self.config.max_num_batched_tokens
         base = min(budget, sum(r.num_pending for r in self.running))
-        cands = [(r, num_drafts_for(r, limit, budget, self.config.max_model_len)) for r in self.running]
-        return plan_drafts([(r, k) for r, k in cands if k], base, max(len(self.running), 1), self.step_cost)
+        cands = [(r, num_drafts_for(r, limit, budget, self.config.max_model_len, drafts_available(r, limit)))
+                 for r in self.running]
+        return plan_drafts([(r, k) for r, k in cands if k], base, max(len(self.running), 1), self.step_cost,
+                           self.spec_stats.position_rates())
 
     def schedule(self) -> StepPlan:
         plan = StepPlan()
@@ -182,12 +156,21 @@ class Scheduler:
             if self._out_of_length(req):
                 i += 1  # its last token is still in flight; it finishes when that arrives
                 continue
+            # overlap: the step that samples for req may still be in flight (not read yet)
+            prior = req.in_flight_plan
+            prior_drafts = len(prior.drafts.get(req.request_id, ())) if prior is not None else 0
+            if min_tokens_uncertain(req, prior_drafts):
+                i += 1  # whether its EOS is still blocked depends on that step: wait for it
+                continue
             limit = self.config.num_speculative_tokens if limits is None else limits.get(req.request_id, 0)
-            k = num_drafts_for(req, limit, budget, self.config.max_model_len)
+            k = num_drafts_for(req, limit, budget, self.config.max_model_len,
+                               drafts_available(req, self.config.num_speculative_tokens))
             n = prefix_steps.chunk_end(self.cache, req, min(req.num_pending, budget)) + k
             if not self._grow_or_preempt(req, n, plan):
                 continue  # req itself was preempted; the list shifted
-            plan.add(req, n, req.drafts[:k])
+            if prior_drafts:
+                plan.follows.add(req.request_id)
+            plan.add(req, n, [None] * k if prior is not None else req.drafts[:k])
             budget -= n
             i += 1
         if plan.preempted:
@@ -233,27 +216,32 @@ class Scheduler:
         A row that verified k drafts gets a list: the accepted drafts and one more token
         from the target; the rejected drafts are rolled back (``num_computed`` lowered)."""
         finished = []
+        self.locate_outputs(plan)
         for req, _ in plan.scheduled:
             rid = req.request_id
+            if req.in_flight_plan is plan:
+                req.in_flight_plan = None
             if req.is_finished or rid not in plan.outputs:
                 continue  # finished earlier (a late result of an extra step), or a mid-prompt chunk
             got = sampled[rid]
             tokens = [int(t) for t in got] if isinstance(got, (list, tuple)) else [int(got)]
             k = len(plan.drafts.get(rid, ()))
             if k:
-                req.num_computed -= k - (len(tokens) - 1)
+                if req.status == RequestStatus.RUNNING:  # (a preempted one recomputes from 0)
+                    req.num_computed -= k - (len(tokens) - 1)
                 req.num_draft_tokens += k
                 req.num_accepted_tokens += len(tokens) - 1
                 self.spec_stats.record(k, len(tokens) - 1)
-            index = plan.outputs[rid]
+            first = index = plan.outputs[rid]  # this step's k + 1 placeholders start here
             req.output_token_ids[index] = tokens[0]
             reason = self._finish_reason(req, index)
             for t in tokens[1:]:
                 if reason:
                     break  # tokens past a stop are never emitted
                 index += 1
-                req.output_token_ids.insert(index, t)
+                req.output_token_ids[index] = t
                 reason = self._finish_reason(req, index)
+            del req.output_token_ids[index + 1 : first + k + 1]  # placeholders of rejected drafts
             if reason:
                 del req.output_token_ids[index + 1 :]  # placeholders of steps run past the stop
                 if req.status == RequestStatus.RUNNING:
@@ -266,6 +254,14 @@ class Scheduler:
                 req.status, req.finish_reason = RequestStatus.FINISHED, reason
                 finished.append(req)
         return finished
+
+    @staticmethod
+    def locate_outputs(plan: StepPlan) -> None:
+        """Where each sampling row's outputs go: its request's first placeholder. The index the
+        plan recorded assumed every draft of an earlier step in flight was accepted (overlap)."""
+        for req, _ in plan.scheduled:
+            if req.request_id in plan.outputs and not req.is_finished and None in req.output_token_ids:
+                plan.outputs[req.request_id] = req.output_token_ids.index(None)
 
     def check_all_free(self) -> None:
         """Allocator invariant with no request left: every slot free, every page free or cached."""
@@ -363,6 +359,7 @@ class Scheduler:
         self._release(req)
         req.num_computed = 0
         req.drafts, req.draft_confidence = [], []
+        req.in_flight_plan = None  # it replays from 0: no row of it follows that step
         req.status = RequestStatus.WAITING
         req.num_preemptions += 1
         self.num_preemptions += 1

@@ -8,9 +8,15 @@ kv/rollback.py). k never lets a step emit past max_tokens or max_model_len.
 Verification (runtime/sampler.verify_sample) is exact for greedy and sampled requests
 (temperature, top-k / top-p / min-p, logit bias, logprobs, grammars): emitted tokens are
 distributed as without speculation (greedy: identical), and logprobs come from the raw
-logits at each verified position. Requests with penalties do not take drafts (those would
-need per-position counts) and run as plain decode rows in the same steps; a request whose
-min_tokens is pending verifies only drafts that stay before it (its stop block is per row).
+logits at each verified position; penalties at position j count the outputs before j (the
+drafts after it are taken out of the slot's counts there). A request whose min_tokens is
+pending verifies only drafts that stay before it (its stop block is per row).
+
+With overlap the host plans step N+1 before it has read step N: a request whose step N verified
+drafts is planned as if every one was accepted (its placeholders, num_computed and pages count
+them all), its row is flagged ``follows`` and its drafts are placeholders the device reads from
+the slot's own buffer; the device moves the row's positions by what step N really accepted
+(runtime/paged_step.follow_in_flight), and reading step N lowers num_computed by the rest.
 
 Confidence-scheduled verification (``EngineConfig.mtp_varlen``, env DEEPINFER_ENABLE_MTP_VARLEN=1):
 each draft position's chance of being accepted is estimated by its survival product, the
@@ -32,16 +38,22 @@ from deepinfer.scheduler.request import Request
 MAX_DRAFT_TOKENS = 5  # the product's cap (DEEPINFER_USE_NEXTN_DECODE <= 5)
 
 
-def speculation_ok(req: Request) -> bool:
-    """Penalties need the counts of the drafts before each verified position (not kept): no drafts."""
-    return not req.sampling_params.uses_penalties
+def drafts_available(req: Request, num_speculative_tokens: int) -> int:
+    """Drafts req could verify now: those read from its last step, or, when that step is still in
+    flight (overlap), the drafter's full k, which the device holds for its slot."""
+    if req.in_flight_plan is not None:
+        return num_speculative_tokens
+    return len(req.drafts)
 
 
-def num_drafts_for(req: Request, limit: int, budget: int, max_model_len: int) -> int:
-    """How many of req's drafts this step verifies (0: a plain decode)."""
-    if not limit or not req.drafts or req.num_pending != 1 or not speculation_ok(req):
+def num_drafts_for(req: Request, limit: int, budget: int, max_model_len: int, available: int | None = None) -> int:
+    """How many of req's drafts this step verifies (0: a plain decode). ``available``: drafts
+    there are (default: those read from its last step)."""
+    available = len(req.drafts) if available is None else available
+    if not limit or not available or req.num_pending != 1:
         return 0
     sp = req.sampling_params
+    # counts below include the placeholders of a step in flight, as if it accepted every draft
     room = max_model_len - req.num_tokens - 1  # the step emits up to k + 1 tokens
     if sp.max_tokens is not None:
         room = min(room, sp.max_tokens - len(req.output_token_ids) - 1)
@@ -50,7 +62,14 @@ def num_drafts_for(req: Request, limit: int, budget: int, max_model_len: int) ->
         # the row blocks EOS / stop ids at every verified position (one bias per row): right only
         # while every one of them is still before min_tokens
         room = min(room, sp.min_tokens - outputs - 1)
-    return max(0, min(limit, len(req.drafts), room, budget - 1))
+    return max(0, min(limit, available, room, budget - 1))
+
+
+def min_tokens_uncertain(req: Request, in_flight_drafts: int) -> bool:
+    """Whether req's next output may or may not be before min_tokens, depending on how many drafts
+    its step in flight accepts: its EOS block cannot be decided, so it waits for that step."""
+    high = len(req.output_token_ids)  # the next output's index if every draft in flight is accepted
+    return in_flight_drafts > 0 and high - in_flight_drafts < req.sampling_params.min_tokens <= high
 
 
 @dataclass
@@ -62,6 +81,15 @@ class SpecStats:
     num_accepted_tokens: int = 0
     accepted_per_position: list[int] = field(default_factory=lambda: [0] * MAX_DRAFT_TOKENS)
 
+    def position_rates(self) -> list[float]:
+        """Per draft position, the share of drafts that reached it and were accepted there (0.5
+        before any evidence): the confidence of a request whose own drafts the host has not read."""
+        rates, reached = [], self.num_drafts
+        for accepted in self.accepted_per_position:
+            rates.append(accepted / reached if reached else 0.5)
+            reached = accepted
+        return rates
+
     def record(self, k: int, accepted: int) -> None:
         self.num_drafts += 1
         self.num_draft_tokens += k
@@ -71,15 +99,18 @@ class SpecStats:
 
 
 def plan_drafts(cands: list[tuple[Request, int]], base_tokens: int, rows: int,
-                step_cost: Callable[[int, int], float]) -> dict[str, int]:
+                step_cost: Callable[[int, int], float], prior: list[float] | None = None) -> dict[str, int]:
     """Drafts to verify per request id. cands: (request, most drafts it may verify); base_tokens /
     rows: the step's work without drafts. Maximises (base_tokens + expected accepted drafts) /
-    step_cost(base_tokens + drafts, rows); a request's chosen drafts are always its first ones."""
+    step_cost(base_tokens + drafts, rows); a request's chosen drafts are always its first ones.
+    A draft's confidence is the request's last read one (one step old with overlap); ``prior``
+    per position where it has none (its first drafts, not read yet)."""
     gains = []
     for req, cap in cands:
         survival = 1.0
         for i in range(cap):
-            survival *= min(max(float(req.draft_confidence[i]), 0.0), 1.0)
+            conf = req.draft_confidence[i] if i < len(req.draft_confidence) else (prior or [0.5] * cap)[i]
+            survival *= min(max(float(conf), 0.0), 1.0)
             gains.append((survival, -i, req.request_id))
     gains.sort(reverse=True)  # a request's later positions never come before its earlier ones
     best_m, best = 0, base_tokens / step_cost(base_tokens, rows)
