@@ -1,6 +1,6 @@
 """MTP speculative decoding: decode throughput and mean accepted length, speculation off vs on.
 
-    python benchmarks/spec_decode.py [--concurrency 1,4,16] [--ks 0,1,3,5] [--new-tokens 64]
+    python benchmarks/spec_decode.py [--concurrency 1,4,16,64] [--ks 0,1,3,5] [--new-tokens 64]
 
 The bundled deepinfer-tiny-v4 (its MTP block is trained). For each concurrency c: c greedy
 requests (random-token prompts of --prompt-len tokens; the greedy continuation soon becomes
@@ -63,7 +63,7 @@ def run(cfg, params, k: str, prompts, new_tokens: int, max_seqs: int) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--concurrency", default="1,4,16")
+    ap.add_argument("--concurrency", default="1,4,16,64")
     ap.add_argument("--ks", default="0,1,3,5,var", help="drafts per decode row; 0: off; var: confidence-scheduled")
     ap.add_argument("--new-tokens", type=int, default=64)
     ap.add_argument("--prompt-len", type=int, default=32)

@@ -216,15 +216,16 @@ def test_pack_layout():
     assert positions[:7].tolist() == [5, 0, 1, 2, 3, 4, 5] and token_row[:7].tolist() == [0, 1, 1, 1, 1, 1, 1]
     assert (ints[4 * t : 5 * t] == -1).all()  # next_prompt_token: nobody asked for prompt logprobs
     assert (ints[5 * t : 6 * t] == -1).all()  # next_token: every chunk ends at its request's known tokens
-    rows = ints[6 * t : 6 * t + 13 * r].reshape(13, r)
-    slot, length, n_new, start, sample, seed, top_k, logprobs, prompt_len, num_draft, write_from, history, follows = rows
+    rows = ints[6 * t : 6 * t + 14 * r].reshape(14, r)
+    slot, length, n_new, start, sample, seed, top_k, logprobs, prompt_len, num_draft, write_from, history, follows, \
+        depth = rows
     assert slot.tolist() == [0, 1, 4, 4] and length[:2].tolist() == [5, 0] and n_new[:2].tolist() == [1, 6]
     assert start[:2].tolist() == [0, 1] and sample[:2].tolist() == [1, 1] and seed[:2].tolist() == [11, 12]
     assert top_k[:2].tolist() == [3, 0] and prompt_len[:2].tolist() == [5, 6] and logprobs[:2].tolist() == [0, 0]
     assert num_draft.tolist() == [0, 0, 0, 0]
     assert write_from.tolist() == history.tolist() == [0, 0, 0, 0]  # no prefix hit
-    assert follows.tolist() == [0, 0, 0, 0]  # no speculation
-    at = 6 * t + 13 * r
+    assert follows.tolist() == depth.tolist() == [0, 0, 0, 0]  # no speculation
+    at = 6 * t + 14 * r
     csa_table = ints[at : at + 8 * r].reshape(r, 8)
     assert csa_table[0, 0] == plan.scheduled[0][0].pages["csa"][0] and csa_table[2].tolist() == [32] * 8
     bias_ids = ints[at + 8 * r + 4 * r :].reshape(r, -1)
@@ -323,6 +324,26 @@ def test_overlap_plans_on_top_of_a_step_with_drafts_in_flight():
     s.update(step_n1, {"a": [4, 5, 6, 2]})  # all accepted
     assert a.output_token_ids == [7, 8, 3, 4, 5, 6, 2] and a.num_computed == 11 and a.num_pending == 1
     assert a.in_flight_plan is None
+
+
+def test_confidence_scheduling_drafts_one_more_than_it_verifies():
+    """With a step-cost model (confidence scheduling) each sampling row asks the drafter for one
+    draft more than it verifies now; the next step (planned before this one is read) verifies
+    at most that many."""
+    s = _speculative(k=5)
+    s.step_cost = lambda n, r: 1.0  # tokens are free: verify every draft there is
+    s.add_request(req("a", 5, max_tokens=30, temperature=0.0))
+    prefill = s.schedule()
+    assert prefill.draft_depth == {"a": 1}  # nothing verified yet: the feeding's one draft
+    step_1 = s.schedule()  # prefill still in flight: one draft on the device
+    assert step_1.drafts == {"a": [None]} and step_1.draft_depth == {"a": 2}
+    step_2 = s.schedule()
+    assert step_2.drafts == {"a": [None, None]} and step_2.draft_depth == {"a": 3}
+    s.step_cost = lambda n, r: float(n)  # compute-bound: verifying costs what it earns
+    s.update(prefill, {"a": 7})
+    s.update(step_1, {"a": [8, 9]})
+    step_3 = s.schedule()
+    assert step_3.drafts == {} and step_3.draft_depth == {"a": 1}
 
 
 def test_overlap_waits_when_min_tokens_depends_on_the_step_in_flight():

@@ -105,12 +105,12 @@ class ModelFamily(Protocol):
 
     # Optional, for speculative decoding (a multi-token-prediction head), or None:
     #   draft_forward(cfg, params, state, hidden [T, *H], next_tokens [T], batch, page_size,
-    #                 draft_from [R], draft_valid [R], num_drafts) -> (drafts [R, k] int32,
-    #                 confidence [R, k] fp32, new state)
+    #                 draft_from [R], draft_valid [R], num_drafts, depth [R] or None) -> (drafts [R, k]
+    #                 int32, confidence [R, k] fp32, new state)
     # Feeds the drafter every valid token whose following token is known (next_tokens >= 0),
-    # then drafts, for each valid row, the ``num_drafts`` tokens that follow
-    # next_tokens[draft_from[r]] (the row's last emitted token): greedy on the drafter;
-    # confidence: the drafted token's probability under it.
+    # then drafts, for each valid row, the ``num_drafts`` tokens (only the first depth[r] of them:
+    # the rest have confidence 0) that follow next_tokens[draft_from[r]] (the row's last emitted
+    # token): greedy on the drafter; confidence: the drafted token's probability under it.
     # Needs an init_state built with layout.draft.
     draft_forward: Optional[Callable]
 

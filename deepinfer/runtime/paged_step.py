@@ -219,7 +219,8 @@ def sample_half(
     if num_drafts:
         next_tokens = _next_tokens(tok, fb, tokens, grid, sampled, accepted, samples, rows.num_draft)
         drafts, confidence, model_state = family.draft_forward(
-            cfg, params, model_state, hidden, next_tokens, fb, layout.page_size, first + accepted, samples, num_drafts)
+            cfg, params, model_state, hidden, next_tokens, fb, layout.page_size, first + accepted, samples, num_drafts,
+            rows.draft_depth)
     writes = jnp.where(samples, rows.slot, state.last_token.shape[0])  # padding / mid-prompt rows: dropped
     new_state = state.replace(
         model=model_state,

@@ -47,6 +47,7 @@ class RowFields(NamedTuple):
     write_from: jax.Array  # prefix hit: positions below write no pool rows (shared from the cache)
     history_start: jax.Array  # replay from an empty slot state: per-slot entries below do not exist
     follows: jax.Array  # 1: shift positions by EngineState.shift[slot] (speculation with overlap, plan.py)
+    draft_depth: jax.Array  # drafts the drafter makes after the row's last emitted token (speculation)
     temperature: jax.Array  # float32 from here on
     top_p: jax.Array
     min_p: jax.Array

@@ -31,7 +31,8 @@ def read_step(engine, plan: StepPlan, tokens: jax.Array, logits: jax.Array, logp
             sampled[req.request_id] = tokens[i, :n].tolist()
             engine.updated.append(req)
             if new_drafts is not None:
-                req.drafts, req.draft_confidence = new_drafts[i].tolist(), confidence[i].tolist()
+                depth = plan.draft_depth.get(req.request_id, new_drafts.shape[1])
+                req.drafts, req.draft_confidence = new_drafts[i, :depth].tolist(), confidence[i, :depth].tolist()
             if kept is not None:
                 req.logits.extend(kept[i, :n])
             k = req.sampling_params.logprobs

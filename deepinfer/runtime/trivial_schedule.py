@@ -93,6 +93,7 @@ def chunk_inputs(
         write_from=zeros_i,
         history_start=zeros_i,
         follows=zeros_i,
+        draft_depth=zeros_i,
         temperature=zeros_f if sp is None else sp.temperature.astype(jnp.float32),
         top_p=zeros_f + 1.0 if sp is None else sp.top_p.astype(jnp.float32),
         min_p=zeros_f,

@@ -16,6 +16,7 @@ tokens are marked invalid and padding rows point at out-of-range slots and pages
     follows[R] (1: the request's previous step is still in flight and verified drafts (overlap): the
                 host counted them all accepted, the device shifts the row's positions by what it
                 accepted; draft tokens -2 - i are that step's drafts, read on the device)
+    draft_depth[R] (speculation: how many drafts the drafter makes for the row's next step)
     block_table[pool][R, max_pages]   (one per pool, in PoolSpec order)
     bias_ids[R, MAX_BIAS_SLOTS]       (vocab size: unused slot)
 
@@ -35,7 +36,8 @@ from deepinfer.scheduler.scheduler import PoolSpec, StepPlan
 
 INT_FIELDS_T = ("tokens", "positions", "token_row", "valid", "next_prompt_token", "next_token")
 INT_FIELDS_R = ("slot", "length", "n_new", "start", "sample", "seed", "top_k", "logprobs", "prompt_len", "num_draft",
-                "write_from", "history_start", "follows")
+                "write_from", "history_start", "follows",
+                "draft_depth")
 FLOAT_FIELDS_R = ("temperature", "top_p", "min_p", "repetition_penalty", "presence_penalty", "frequency_penalty")
 
 
@@ -128,6 +130,7 @@ def pack(
         row["write_from"][i] = req.shared_until
         row["history_start"][i] = req.history_start
         row["follows"][i] = int(req.request_id in plan.follows)
+        row["draft_depth"][i] = plan.draft_depth.get(req.request_id, shape.num_drafts)
         flo["temperature"][i] = sp.temperature
         flo["top_p"][i] = sp.top_p
         flo["min_p"][i] = sp.min_p

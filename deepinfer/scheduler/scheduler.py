@@ -41,6 +41,7 @@ from deepinfer.scheduler.speculation import (
     SpecStats,
     drafts_available,
     min_tokens_uncertain,
+    next_draft_depth,
     num_drafts_for,
     plan_drafts,
 )
@@ -171,6 +172,8 @@ class Scheduler:
             if prior_drafts:
                 plan.follows.add(req.request_id)
             plan.add(req, n, [None] * k if prior is not None else req.drafts[:k])
+            if limits is not None:
+                plan.draft_depth[req.request_id] = next_draft_depth(k, self.config.num_speculative_tokens)
             budget -= n
             i += 1
         if plan.preempted:
@@ -199,6 +202,8 @@ class Scheduler:
             req.status = RequestStatus.RUNNING
             admit(self.running, req, self.config.scheduling_policy)
             plan.add(req, n)
+            if self.step_cost is not None and self.config.num_speculative_tokens:
+                plan.draft_depth[req.request_id] = next_draft_depth(0, self.config.num_speculative_tokens)
             budget -= n
         return self._finish_plan(plan)
 

@@ -24,7 +24,9 @@ drafter's own probabilities of the drafts up to it (one step old: they come with
 drafts). ``plan_drafts`` then picks, over the whole step, the draft tokens to verify so
 that expected progress per second is highest under the step-cost model the engine
 measured at warm-up (seconds per step by token and row count). When steps are
-compute-bound (many rows), adding tokens costs time and little or nothing is verified.
+compute-bound (many rows), adding tokens costs time and little or nothing is verified. The
+drafter then drafts only what the next step may verify (``next_draft_depth``: one more than
+this step verifies), so at high load it costs no more than its feeding.
 """
 
 from __future__ import annotations
@@ -42,8 +44,15 @@ def drafts_available(req: Request, num_speculative_tokens: int) -> int:
     """Drafts req could verify now: those read from its last step, or, when that step is still in
     flight (overlap), the drafter's full k, which the device holds for its slot."""
     if req.in_flight_plan is not None:
-        return num_speculative_tokens
+        return req.in_flight_plan.draft_depth.get(req.request_id, num_speculative_tokens)
     return len(req.drafts)
+
+
+def next_draft_depth(verified: int, num_speculative_tokens: int) -> int:
+    """Confidence scheduling: how many drafts to make for a row's next step, given what it verifies
+    in this one — one more (so a request that starts paying grows by one a step), never fewer
+    than the one the drafter's feeding gives for free."""
+    return min(num_speculative_tokens, verified + 1)
 
 
 def num_drafts_for(req: Request, limit: int, budget: int, max_model_len: int, available: int | None = None) -> int:

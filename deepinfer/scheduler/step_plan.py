@@ -28,6 +28,7 @@ class StepPlan:
     outputs: dict[str, int] = field(default_factory=dict)
     drafts: dict[str, list[int | None]] = field(default_factory=dict)
     follows: set[str] = field(default_factory=set)
+    draft_depth: dict[str, int] = field(default_factory=dict)  # drafts to make for the next step (default: k)
     cache: prefix_steps.CacheOps = field(default_factory=prefix_steps.CacheOps)  # run before the step
 
     @property

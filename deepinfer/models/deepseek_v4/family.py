@@ -36,10 +36,10 @@ class DeepSeekV4:
         return logits(cfg, params, hidden)
 
     def draft_forward(self, cfg, params, model_state, hidden, next_tokens, batch, page_size, draft_from, draft_valid,
-                      num_drafts):
+                      num_drafts, depth=None):
         """The MTP block (paged_mtp.py); needs params with "mtp" and a state built with layout.draft."""
         return paged_mtp.draft_forward(cfg, params, model_state, hidden, next_tokens, batch, page_size, draft_from,
-                                       draft_valid, num_drafts)
+                                       draft_valid, num_drafts, depth)
 
     def replay_horizon(self, cfg, layout):
         return state.replay_horizon(cfg, layout)

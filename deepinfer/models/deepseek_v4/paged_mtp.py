@@ -57,24 +57,38 @@ def _greedy(logits: jax.Array) -> tuple[jax.Array, jax.Array]:
 
 
 def draft_forward(cfg: ModelConfig, params: dict, state: dict, hidden: jax.Array, next_tokens: jax.Array,
-                  fb: FlatBatch, page_size: int, draft_from: jax.Array, draft_valid: jax.Array, num_drafts: int):
+                  fb: FlatBatch, page_size: int, draft_from: jax.Array, draft_valid: jax.Array, num_drafts: int,
+                  depth: jax.Array | None = None):
     """Feed the drafter, then draft ``num_drafts`` tokens per valid row -> (drafts [R, k], confidence [R, k], state).
 
-    Tokens whose next token is unknown (next_tokens < 0) are not fed (no state written)."""
+    Tokens whose next token is unknown (next_tokens < 0) are not fed (no state written). ``depth``
+    [R] (default k): row r drafts only its first depth[r] tokens (the rest: confidence 0); the
+    recursion runs max(depth) - 1 times, a loop on the device, so a step that wants few drafts
+    (confidence-scheduled, at high load) does not pay for k. The first draft comes with the feeding."""
     fed = dataclasses.replace(fb, valid=fb.valid & (next_tokens >= 0))
     logits, out, st = mtp_step(cfg, params, state["mtp"][0], hidden, jnp.maximum(next_tokens, 0), fed, page_size)
     idx = jnp.clip(draft_from, 0, hidden.shape[0] - 1)
     token, conf = _greedy(logits[idx])
-    drafts, confs = [token], [conf]
-    streams, q = out[idx], fb.positions[idx]
-    rows = jnp.arange(idx.shape[0], dtype=jnp.int32)
-    for i in range(1, num_drafts):
+    n_rows = idx.shape[0]
+    depth = jnp.full((n_rows,), num_drafts, jnp.int32) if depth is None else jnp.clip(depth, 1, num_drafts)
+    drafts = jnp.zeros((n_rows, num_drafts), jnp.int32).at[:, 0].set(token)
+    confs = jnp.zeros((n_rows, num_drafts), jnp.float32).at[:, 0].set(conf)
+    q = fb.positions[idx]
+    rows = jnp.arange(n_rows, dtype=jnp.int32)
+
+    def one_more(i, carry):
+        drafts, confs, streams, token, st = carry
         pos = q + i
-        one = FlatBatch(positions=pos, valid=draft_valid, row=rows, slot=fb.slot[idx], length=pos, start=rows,
+        valid = draft_valid & (i < depth)
+        one = FlatBatch(positions=pos, valid=valid, row=rows, slot=fb.slot[idx], length=pos, start=rows,
                         end=pos + 1, tables={k: t[idx] for k, t in fb.tables.items()},
                         history_start=None if fb.history_start is None else fb.history_start[idx])
         logits, streams, st = mtp_step(cfg, params, st, streams, token, one, page_size)
         token, conf = _greedy(logits)
-        drafts.append(token)
-        confs.append(conf)
-    return jnp.stack(drafts, axis=1), jnp.stack(confs, axis=1), {**state, "mtp": [st]}
+        drafts = jax.lax.dynamic_update_slice(drafts, token[:, None], (0, i))
+        confs = jax.lax.dynamic_update_slice(confs, jnp.where(valid, conf, 0.0)[:, None], (0, i))
+        return drafts, confs, streams, token, st
+
+    steps = jnp.max(jnp.where(draft_valid, depth, 1))
+    drafts, confs, _, _, st = jax.lax.fori_loop(1, steps, one_more, (drafts, confs, out[idx], token, st))
+    return drafts, confs, {**state, "mtp": [st]}
