@@ -326,24 +326,32 @@ def test_overlap_plans_on_top_of_a_step_with_drafts_in_flight():
     assert a.in_flight_plan is None
 
 
-def test_confidence_scheduling_drafts_one_more_than_it_verifies():
-    """With a step-cost model (confidence scheduling) each sampling row asks the drafter for one
-    draft more than it verifies now; the next step (planned before this one is read) verifies
-    at most that many."""
+def test_confidence_scheduling_chooses_the_draft_depth_with_the_drafts():
+    """With a step-cost model by (tokens, rows, draft depth) the scheduler picks the depth whose
+    steady state pays best and verifies, among the drafts there are (one step old with overlap),
+    what pays at that depth."""
     s = _speculative(k=5)
-    s.step_cost = lambda n, r: 1.0  # tokens are free: verify every draft there is
+    s.step_cost = lambda n, r, d: 1.0  # tokens and drafting free: verify and draft all there is
     s.add_request(req("a", 5, max_tokens=30, temperature=0.0))
     prefill = s.schedule()
-    assert prefill.draft_depth == {"a": 1}  # nothing verified yet: the feeding's one draft
-    step_1 = s.schedule()  # prefill still in flight: one draft on the device
-    assert step_1.drafts == {"a": [None]} and step_1.draft_depth == {"a": 2}
+    assert prefill.draft_depth == {"a": 1}  # nothing to verify yet: the feeding's one draft
+    step_1 = s.schedule()  # the prefill still in flight: one draft on the device
+    assert step_1.drafts == {"a": [None]} and step_1.draft_depth == {"a": 5}
     step_2 = s.schedule()
-    assert step_2.drafts == {"a": [None, None]} and step_2.draft_depth == {"a": 3}
-    s.step_cost = lambda n, r: float(n)  # compute-bound: verifying costs what it earns
+    assert step_2.drafts == {"a": [None] * 5} and step_2.draft_depth == {"a": 5}
     s.update(prefill, {"a": 7})
     s.update(step_1, {"a": [8, 9]})
+    s.update(step_2, {"a": [10, 2, 3, 4, 5, 6]})
+    (a,) = s.running
+    a.drafts, a.draft_confidence = [8, 9, 10, 11, 12], [0.9, 0.5, 0.2, 0.1, 0.1]
+    # each MTP pass costs 10 % of a step: depth 2 (survival .9, .45) pays best, 3 does not
+    s.step_cost = lambda n, r, d: 1.0 + 0.1 * (d - 1)
     step_3 = s.schedule()
-    assert step_3.drafts == {} and step_3.draft_depth == {"a": 1}
+    assert step_3.drafts == {"a": [8, 9]} and step_3.draft_depth == {"a": 2}
+    s.update(step_3, {"a": [8, 3]})
+    s.step_cost = lambda n, r, d: float(n)  # compute-bound: verifying costs what it earns
+    step_4 = s.schedule()
+    assert step_4.drafts == {} and step_4.draft_depth == {"a": 1}
 
 
 def test_overlap_waits_when_min_tokens_depends_on_the_step_in_flight():

@@ -38,7 +38,7 @@ from deepinfer.grammar.thinking_budget import ThinkingBudgetMatcher
 from deepinfer.kv.paged_state import init_engine_state
 from deepinfer.models.interface import ModelFamily, PagedLayout
 from deepinfer.models.registry import family_for
-from deepinfer.runtime import recovery
+from deepinfer.runtime import recovery, warmup
 from deepinfer.runtime.batch_invariance import check_xla
 from deepinfer.runtime.compile_guard import CompileCounter
 from deepinfer.runtime.engine_stats import EngineStats, engine_stats, kv_usage
@@ -357,48 +357,9 @@ class LLMEngine:
 
     def warmup(self, progress=None) -> int:
         """Compile the step for every bucket shape (``progress(1)`` after each), and with
-        ``EngineConfig.warm_structured`` its two halves (constrained steps with overlap).
-        Returns the number of step shapes."""
-        costs = {}
-        for shape in self.bucket_shapes():
-            self._run(StepPlan(), shape)
-            if self.config.warm_structured and self.grammar is not None and self.overlap:
-                # the two halves of a constrained step (otherwise compiled on first use)
-                self._run_sample(StepPlan(), shape, self._run_forward(StepPlan(), shape))
-            if self.num_drafts and self.config.mtp_varlen:  # the step-cost model of confidence scheduling
-                costs[(shape.num_tokens, shape.num_rows)] = self._time_step(shape)
-            if progress is not None:
-                progress(1)
-        if costs:
-            self.scheduler.step_cost = self._cost_model(costs)
-        if self.prefix is not None:
-            self.prefix.warmup()
-        if self.step_timer is not None:  # warm-up steps are not serving steps
-            self.step_timer.drain()
-            self.step_timer.reset()
-        return len(self.compiled_shapes)
-
-    def _time_step(self, shape: PlanShape, repeats: int = 3) -> float:
-        """Seconds one step of this shape takes on the device (the fastest of a few; a padding-only
-        plan runs the same program, so it costs what a full one does)."""
-        best = float("inf")
-        for _ in range(repeats):
-            t0 = time.perf_counter()
-            jax.block_until_ready(self._run(StepPlan(), shape)[0])
-            best = min(best, time.perf_counter() - t0)
-        return best
-
-    def _cost_model(self, costs: dict) -> callable:
-        tokens, rows = self.token_buckets, self.row_buckets
-
-        def cost(n_tokens: int, n_rows: int) -> float:
-            t = pick_bucket(max(min(n_tokens, tokens[-1]), 1), tokens)
-            r = pick_bucket(max(min(n_rows, rows[-1], t), 1), rows)
-            return costs.get((t, r), max(costs.values()))
-
-        log.info("speculation: step cost by token bucket (ms, most rows): %s",
-                 {t: round(1e3 * max(v for (tt, _), v in costs.items() if tt == t), 2) for t in tokens})
-        return cost
+        ``EngineConfig.warm_structured`` its two halves (constrained steps with overlap); time the
+        step-cost model of confidence scheduling. Returns the number of step shapes (warmup.py)."""
+        return warmup.warm_up(self, progress)
 
     def run_until_done(self) -> None:
         while self.has_unfinished:

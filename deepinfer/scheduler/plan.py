@@ -41,6 +41,11 @@ INT_FIELDS_R = ("slot", "length", "n_new", "start", "sample", "seed", "top_k", "
 FLOAT_FIELDS_R = ("temperature", "top_p", "min_p", "repetition_penalty", "presence_penalty", "frequency_penalty")
 
 
+def row_field_at(shape: "PlanShape", name: str) -> int:
+    """Offset of row field ``name`` in the int buffer (a timing plan sets fields of a padding row)."""
+    return len(INT_FIELDS_T) * shape.num_tokens + INT_FIELDS_R.index(name) * shape.num_rows
+
+
 def pick_bucket(n: int, buckets: tuple[int, ...]) -> int:
     for b in buckets:
         if n <= b:

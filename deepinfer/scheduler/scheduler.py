@@ -41,9 +41,8 @@ from deepinfer.scheduler.speculation import (
     SpecStats,
     drafts_available,
     min_tokens_uncertain,
-    next_draft_depth,
     num_drafts_for,
-    plan_drafts,
+    plan_speculation,
 )
 from deepinfer.scheduler.step_plan import StepPlan
 
@@ -100,8 +99,9 @@ class Scheduler:
         self._arrivals = 0
         self.num_preemptions = 0
         self.spec_stats = SpecStats()
-        # seconds per step by (tokens, rows), measured by the engine at warm-up; with it, drafts are
-        # confidence-scheduled (speculation.plan_drafts), without it every eligible row verifies k
+        # seconds per step by (tokens, rows, draft depth), measured by the engine at warm-up; with it,
+        # drafts are confidence-scheduled (speculation.plan_speculation), without it every eligible
+        # row verifies k
         self.step_cost = None
 
     # -- requests in and out -------------------------------------------------
@@ -135,22 +135,26 @@ class Scheduler:
 
     # -- one step ---------------------------------------------------------------
 
-    def _draft_limits(self) -> dict[str, int] | None:
-        """Per request, how many drafts confidence scheduling lets it verify (None: no limit but k)."""
+    def _draft_limits(self) -> tuple[dict[str, int] | None, int | None]:
+        """Per request, how many drafts confidence scheduling lets it verify, and the draft depth
+        (None, None: no limit but k, drafts k)."""
         limit = self.config.num_speculative_tokens
         if not limit or self.step_cost is None:
-            return None
+            return None, None
         budget = self.config.max_num_batched_tokens
         base = min(budget, sum(r.num_pending for r in self.running))
-        cands = [(r, num_drafts_for(r, limit, budget, self.config.max_model_len, drafts_available(r, limit)))
-                 for r in self.running]
-        return plan_drafts([(r, k) for r, k in cands if k], base, max(len(self.running), 1), self.step_cost,
-                           self.spec_stats.position_rates())
+        cands = []
+        for r in self.running:
+            cap = num_drafts_for(r, limit, budget, self.config.max_model_len, limit)  # by its limits alone
+            if cap:
+                cands.append((r, cap, drafts_available(r, limit)))
+        return plan_speculation(cands, base, max(len(self.running), 1), self.step_cost,
+                                self.spec_stats.position_rates(), limit)
 
     def schedule(self) -> StepPlan:
         plan = StepPlan()
         budget = self.config.max_num_batched_tokens
-        limits = self._draft_limits()
+        limits, depth = self._draft_limits()
         i = 0
         while i < len(self.running) and budget > 0:
             req = self.running[i]
@@ -172,8 +176,8 @@ class Scheduler:
             if prior_drafts:
                 plan.follows.add(req.request_id)
             plan.add(req, n, [None] * k if prior is not None else req.drafts[:k])
-            if limits is not None:
-                plan.draft_depth[req.request_id] = next_draft_depth(k, self.config.num_speculative_tokens)
+            if depth is not None:
+                plan.draft_depth[req.request_id] = depth
             budget -= n
             i += 1
         if plan.preempted:
@@ -202,8 +206,8 @@ class Scheduler:
             req.status = RequestStatus.RUNNING
             admit(self.running, req, self.config.scheduling_policy)
             plan.add(req, n)
-            if self.step_cost is not None and self.config.num_speculative_tokens:
-                plan.draft_depth[req.request_id] = next_draft_depth(0, self.config.num_speculative_tokens)
+            if depth is not None:
+                plan.draft_depth[req.request_id] = depth
             budget -= n
         return self._finish_plan(plan)
 
@@ -262,11 +266,14 @@ class Scheduler:
 
     @staticmethod
     def locate_outputs(plan: StepPlan) -> None:
-        """Where each sampling row's outputs go: its request's first placeholder. The index the
-        plan recorded assumed every draft of an earlier step in flight was accepted (overlap)."""
+        """Where each sampling row's outputs go: its request's first placeholder (placeholders are
+        filled in step order, so they are always the last outputs). The index the plan recorded
+        assumed every draft of an earlier step in flight was accepted (overlap)."""
         for req, _ in plan.scheduled:
-            if req.request_id in plan.outputs and not req.is_finished and None in req.output_token_ids:
-                plan.outputs[req.request_id] = req.output_token_ids.index(None)
+            if req.request_id in plan.outputs and not req.is_finished:
+                first = req.num_resolved
+                if first < len(req.output_token_ids):
+                    plan.outputs[req.request_id] = first
 
     def check_all_free(self) -> None:
         """Allocator invariant with no request left: every slot free, every page free or cached."""

@@ -25,8 +25,8 @@ drafts). ``plan_drafts`` then picks, over the whole step, the draft tokens to ve
 that expected progress per second is highest under the step-cost model the engine
 measured at warm-up (seconds per step by token and row count). When steps are
 compute-bound (many rows), adding tokens costs time and little or nothing is verified. The
-drafter then drafts only what the next step may verify (``next_draft_depth``: one more than
-this step verifies), so at high load it costs no more than its feeding.
+drafter's depth is chosen with it (``plan_speculation``: the step-cost model has the depth as
+a third argument), so at high load it drafts only what its feeding gives.
 """
 
 from __future__ import annotations
@@ -46,13 +46,6 @@ def drafts_available(req: Request, num_speculative_tokens: int) -> int:
     if req.in_flight_plan is not None:
         return req.in_flight_plan.draft_depth.get(req.request_id, num_speculative_tokens)
     return len(req.drafts)
-
-
-def next_draft_depth(verified: int, num_speculative_tokens: int) -> int:
-    """Confidence scheduling: how many drafts to make for a row's next step, given what it verifies
-    in this one — one more (so a request that starts paying grows by one a step), never fewer
-    than the one the drafter's feeding gives for free."""
-    return min(num_speculative_tokens, verified + 1)
 
 
 def num_drafts_for(req: Request, limit: int, budget: int, max_model_len: int, available: int | None = None) -> int:
@@ -114,11 +107,16 @@ def plan_drafts(cands: list[tuple[Request, int]], base_tokens: int, rows: int,
     step_cost(base_tokens + drafts, rows); a request's chosen drafts are always its first ones.
     A draft's confidence is the request's last read one (one step old with overlap); ``prior``
     per position where it has none (its first drafts, not read yet)."""
+    return _best(cands, base_tokens, rows, step_cost, prior)[0]
+
+
+def _best(cands, base_tokens: int, rows: int, step_cost, prior) -> tuple[dict[str, int], float]:
+    """plan_drafts' choice and its value (expected tokens per second)."""
     gains = []
     for req, cap in cands:
         survival = 1.0
         for i in range(cap):
-            conf = req.draft_confidence[i] if i < len(req.draft_confidence) else (prior or [0.5] * cap)[i]
+            conf = req.draft_confidence[i] if i < len(req.draft_confidence) else (prior or [0.5] * (i + 1))[i]
             survival *= min(max(float(conf), 0.0), 1.0)
             gains.append((survival, -i, req.request_id))
     gains.sort(reverse=True)  # a request's later positions never come before its earlier ones
@@ -129,4 +127,25 @@ def plan_drafts(cands: list[tuple[Request, int]], base_tokens: int, rows: int,
         value = (base_tokens + expected) / step_cost(base_tokens + m, rows)
         if value > best:
             best, best_m = value, m
-    return dict(collections.Counter(rid for _, _, rid in gains[:best_m]))
+    return dict(collections.Counter(rid for _, _, rid in gains[:best_m])), best
+
+
+def plan_speculation(cands: list[tuple[Request, int, int]], base_tokens: int, rows: int,
+                     step_cost: Callable[[int, int, int], float], prior: list[float] | None,
+                     max_depth: int) -> tuple[dict[str, int], int]:
+    """Confidence scheduling of one step -> (drafts to verify per request id, draft depth).
+
+    cands: (request, most drafts it may verify by its limits, drafts it has now). The depth D
+    (drafts the drafter makes, for the next step; the device loop runs D - 1 MTP passes whatever
+    the rows) is the one whose steady state pays best: verifying up to D drafts a row at
+    step_cost(tokens, rows, D). This step then verifies, among the drafts there are, what pays
+    at depth D. So drafting costs are weighed against what they earn, and a step that would
+    verify nothing drafts only the feeding's one."""
+    def at(depth):
+        return lambda n, r: step_cost(n, r, depth)
+
+    values = {d: _best([(req, min(cap, d)) for req, cap, _ in cands], base_tokens, rows, at(d), prior)[1]
+              for d in range(1, max_depth + 1)}
+    depth = max(values, key=lambda d: (values[d], -d))
+    chosen, _ = _best([(req, min(cap, have, depth)) for req, cap, have in cands], base_tokens, rows, at(depth), prior)
+    return chosen, depth
