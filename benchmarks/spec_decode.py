@@ -7,8 +7,9 @@ requests (random-token prompts of --prompt-len tokens; the greedy continuation s
 the model's own text), run to completion through LLMEngine with speculation off (k = 0),
 with k drafts per decode row, and confidence-scheduled ("var": up to 5 drafts, as many per
 request as the drafter's confidence and the measured step costs make worth verifying);
-every setting is measured in this one run, each engine warmed up first. Decode tok/s counts the output tokens
-after each request's first, over the time from the last first token to the end. Mean
+every setting is measured in this one run, each engine warmed up first, the workload run
+--rounds times on it (the fastest round counts: this machine is noisy). Decode tok/s counts
+the output tokens after each request's first, over the time from the last first token to the end. Mean
 accepted length = tokens emitted per verified row (1 + accepted drafts). Also checks that
 every stream equals speculation off.
 """
@@ -35,7 +36,7 @@ from deepinfer.runtime.engine import LLMEngine  # noqa: E402
 from deepinfer.scheduler.sampling_params import SamplingParams  # noqa: E402
 
 
-def run(cfg, params, k: str, prompts, new_tokens: int, max_seqs: int) -> dict:
+def run(cfg, params, k: str, prompts, new_tokens: int, max_seqs: int, rounds: int) -> dict:
     drafts = 5 if k == "var" else int(k)
     spec = {"method": "mtp", "num_speculative_tokens": drafts} if drafts else None
     ec = EngineConfig(max_num_seqs=max_seqs, max_num_batched_tokens=max(256, 8 * max_seqs), max_model_len=512,
@@ -43,21 +44,26 @@ def run(cfg, params, k: str, prompts, new_tokens: int, max_seqs: int) -> dict:
     engine = LLMEngine(cfg, params, ec)
     engine.warmup()
     sp = SamplingParams(max_tokens=new_tokens, temperature=0.0, ignore_eos=True)
-    reqs = [engine.add_request(p, sp) for p in prompts]
-    while any(not r.output_token_ids or r.output_token_ids[0] is None for r in reqs):
-        engine.step()
-    t0 = time.perf_counter()
-    steps0 = engine.num_steps
-    counted = sum(len(r.output_token_ids) for r in reqs)
-    engine.run_until_done()
-    dt = time.perf_counter() - t0
+    best, streams = 0.0, None
+    for _ in range(rounds):  # the same workload again on the warm engine; the fastest round counts
+        reqs = [engine.add_request(p, sp) for p in prompts]
+        while any(not r.output_token_ids or r.output_token_ids[0] is None for r in reqs):
+            engine.step()
+        t0 = time.perf_counter()
+        steps0 = engine.num_steps
+        counted = sum(len(r.output_token_ids) for r in reqs)
+        engine.run_until_done()
+        dt = time.perf_counter() - t0
+        decoded = sum(len(r.output_token_ids) for r in reqs) - counted
+        if decoded / dt > best:
+            best, steps = decoded / dt, engine.num_steps - steps0
+        streams = streams or [r.output_token_ids for r in reqs]
     stats = engine.stats()
-    decoded = sum(len(r.output_token_ids) for r in reqs) - counted
     return {
-        "k": k, "decode_tok_s": round(decoded / dt, 1), "steps": engine.num_steps - steps0,
+        "k": k, "decode_tok_s": round(best, 1), "steps": steps,
         "mean_accepted_len": round(1 + stats.num_accepted_tokens / stats.num_drafts, 3) if stats.num_drafts else None,
         "accepted_per_position": [round(a / stats.num_drafts, 3) for a in stats.accepted_per_position] if stats.num_drafts else [],
-        "streams": [r.output_token_ids for r in reqs],
+        "streams": streams,
     }
 
 
@@ -67,6 +73,7 @@ def main() -> None:
     ap.add_argument("--ks", default="0,1,3,5,var", help="drafts per decode row; 0: off; var: confidence-scheduled")
     ap.add_argument("--new-tokens", type=int, default=64)
     ap.add_argument("--prompt-len", type=int, default=32)
+    ap.add_argument("--rounds", type=int, default=3, help="workload repeats per engine; the fastest counts")
     ap.add_argument("--out", default=os.path.join(ROOT, "benchmarks", "results", "spec_decode.json"))
     args = ap.parse_args()
     cfg, params = load_checkpoint(default_model_dir(), mtp="require")
@@ -77,7 +84,7 @@ def main() -> None:
         prompts = [rng.integers(3, cfg.vocab_size, args.prompt_len).tolist() for _ in range(c)]
         base = None
         for k in args.ks.split(","):
-            r = run(cfg, params, k, prompts, args.new_tokens, max(c, 4))
+            r = run(cfg, params, k, prompts, args.new_tokens, max(c, 4), args.rounds)
             if k == "0":
                 base = r
             r["speedup"] = round(r["decode_tok_s"] / base["decode_tok_s"], 3) if base else None

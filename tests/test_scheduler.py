@@ -328,8 +328,8 @@ def test_overlap_plans_on_top_of_a_step_with_drafts_in_flight():
 
 def test_confidence_scheduling_chooses_the_draft_depth_with_the_drafts():
     """With a step-cost model by (tokens, rows, draft depth) the scheduler picks the depth whose
-    steady state pays best and verifies, among the drafts there are (one step old with overlap),
-    what pays at that depth."""
+    steady state pays best (at the acceptance measured by position) and verifies, among the
+    drafts there are (one step old with overlap), what pays at that depth."""
     s = _speculative(k=5)
     s.step_cost = lambda n, r, d: 1.0  # tokens and drafting free: verify and draft all there is
     s.add_request(req("a", 5, max_tokens=30, temperature=0.0))
@@ -344,7 +344,9 @@ def test_confidence_scheduling_chooses_the_draft_depth_with_the_drafts():
     s.update(step_2, {"a": [10, 2, 3, 4, 5, 6]})
     (a,) = s.running
     a.drafts, a.draft_confidence = [8, 9, 10, 11, 12], [0.9, 0.5, 0.2, 0.1, 0.1]
-    # each MTP pass costs 10 % of a step: depth 2 (survival .9, .45) pays best, 3 does not
+    # acceptance measured so far, by position: .9, then .5 of those, .2, .1, .1 (survival .9, .45, .09, ...)
+    s.spec_stats.num_drafts, s.spec_stats.accepted_per_position = 1000, [900, 450, 90, 9, 1]
+    # each MTP pass costs 10 % of a step: depth 2 pays best, 3 does not
     s.step_cost = lambda n, r, d: 1.0 + 0.1 * (d - 1)
     step_3 = s.schedule()
     assert step_3.drafts == {"a": [8, 9]} and step_3.draft_depth == {"a": 2}

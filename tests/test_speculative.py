@@ -77,7 +77,8 @@ def bundled():
 
 # k=3 in the default suite (drafts accepted and rejected at several depths); 1, 5 and the
 # confidence-scheduled depth with `pytest -m slow` (the suite's time budget)
-@pytest.mark.parametrize("k", [pytest.param(1, marks=pytest.mark.slow), 3, "3-sync",
+# ("3-sync": the loop without overlap, which the oracle-draft tests below run by default)
+@pytest.mark.parametrize("k", [pytest.param(1, marks=pytest.mark.slow), 3, pytest.param("3-sync", marks=pytest.mark.slow),
                                pytest.param(5, marks=pytest.mark.slow), pytest.param("var", marks=pytest.mark.slow)])
 def test_greedy_streams_equal_speculation_off(bundled, k):
     """Fixed k, with overlap (the default: rows planned before their previous step's acceptance is

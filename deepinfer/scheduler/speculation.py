@@ -110,13 +110,15 @@ def plan_drafts(cands: list[tuple[Request, int]], base_tokens: int, rows: int,
     return _best(cands, base_tokens, rows, step_cost, prior)[0]
 
 
-def _best(cands, base_tokens: int, rows: int, step_cost, prior) -> tuple[dict[str, int], float]:
-    """plan_drafts' choice and its value (expected tokens per second)."""
+def _best(cands, base_tokens: int, rows: int, step_cost, prior, prior_only: bool = False) -> tuple[dict[str, int], float]:
+    """plan_drafts' choice and its value (expected tokens per second); ``prior_only``: every
+    request's chances are the prior's (the measured acceptance by position)."""
     gains = []
     for req, cap in cands:
         survival = 1.0
         for i in range(cap):
-            conf = req.draft_confidence[i] if i < len(req.draft_confidence) else (prior or [0.5] * (i + 1))[i]
+            own = not prior_only and i < len(req.draft_confidence)
+            conf = req.draft_confidence[i] if own else (prior or [0.5] * (i + 1))[i]
             survival *= min(max(float(conf), 0.0), 1.0)
             gains.append((survival, -i, req.request_id))
     gains.sort(reverse=True)  # a request's later positions never come before its earlier ones
@@ -138,13 +140,15 @@ def plan_speculation(cands: list[tuple[Request, int, int]], base_tokens: int, ro
     cands: (request, most drafts it may verify by its limits, drafts it has now). The depth D
     (drafts the drafter makes, for the next step; the device loop runs D - 1 MTP passes whatever
     the rows) is the one whose steady state pays best: verifying up to D drafts a row at
-    step_cost(tokens, rows, D). This step then verifies, among the drafts there are, what pays
-    at depth D. So drafting costs are weighed against what they earn, and a step that would
+    step_cost(tokens, rows, D), each position accepted as often as measured so far (``prior``:
+    the drafter's own confidences are one step old with overlap, and of other drafts). This step
+    then verifies, among the drafts there are, what pays at depth D, ranked by the requests'
+    confidences. So drafting costs are weighed against what they earn, and a step that would
     verify nothing drafts only the feeding's one."""
     def at(depth):
         return lambda n, r: step_cost(n, r, depth)
 
-    values = {d: _best([(req, min(cap, d)) for req, cap, _ in cands], base_tokens, rows, at(d), prior)[1]
+    values = {d: _best([(req, min(cap, d)) for req, cap, _ in cands], base_tokens, rows, at(d), prior, True)[1]
               for d in range(1, max_depth + 1)}
     depth = max(values, key=lambda d: (values[d], -d))
     chosen, _ = _best([(req, min(cap, have, depth)) for req, cap, have in cands], base_tokens, rows, at(depth), prior)
