@@ -260,6 +260,8 @@ def test_drafts_are_verified_and_rejected_ones_rolled_back():
     assert a.output_token_ids == [7, 8, 9, 3] and a.num_computed == 8 and a.num_pending == 1
     assert (a.num_draft_tokens, a.num_accepted_tokens) == (3, 2)
     assert s.spec_stats.accepted_per_position[:3] == [1, 1, 0]
+    assert s.spec_stats.reached_per_position[:4] == [1, 1, 1, 0]  # the third was decided (rejected)
+    assert s.spec_stats.position_rates()[:4] == [1.0, 1.0, 0.0, 0.5]  # the fourth never verified
 
 
 def test_drafts_never_emit_past_max_tokens_or_a_stop():
@@ -345,7 +347,7 @@ def test_confidence_scheduling_chooses_the_draft_depth_with_the_drafts():
     (a,) = s.running
     a.drafts, a.draft_confidence = [8, 9, 10, 11, 12], [0.9, 0.5, 0.2, 0.1, 0.1]
     # acceptance measured so far, by position: .9, then .5 of those, .2, .1, .1 (survival .9, .45, .09, ...)
-    s.spec_stats.num_drafts, s.spec_stats.accepted_per_position = 1000, [900, 450, 90, 9, 1]
+    s.spec_stats.accepted_per_position, s.spec_stats.reached_per_position = [900, 450, 90, 9, 1], [1000, 900, 450, 90, 9]
     # each MTP pass costs 10 % of a step: depth 2 pays best, 3 does not
     s.step_cost = lambda n, r, d: 1.0 + 0.1 * (d - 1)
     step_3 = s.schedule()

@@ -82,15 +82,14 @@ class SpecStats:
     num_draft_tokens: int = 0
     num_accepted_tokens: int = 0
     accepted_per_position: list[int] = field(default_factory=lambda: [0] * MAX_DRAFT_TOKENS)
+    # verified drafts at each position whose earlier drafts were all accepted (so it was decided)
+    reached_per_position: list[int] = field(default_factory=lambda: [0] * MAX_DRAFT_TOKENS)
 
     def position_rates(self) -> list[float]:
-        """Per draft position, the share of drafts that reached it and were accepted there (0.5
-        before any evidence): the confidence of a request whose own drafts the host has not read."""
-        rates, reached = [], self.num_drafts
-        for accepted in self.accepted_per_position:
-            rates.append(accepted / reached if reached else 0.5)
-            reached = accepted
-        return rates
+        """Per draft position, the share of the drafts verified there (their earlier ones
+        accepted) that were accepted; 0.5 before any evidence. A position never verified keeps
+        0.5, so a depth that was not tried yet is not ruled out by never being tried."""
+        return [a / r if r else 0.5 for a, r in zip(self.accepted_per_position, self.reached_per_position)]
 
     def record(self, k: int, accepted: int) -> None:
         self.num_drafts += 1
@@ -98,6 +97,8 @@ class SpecStats:
         self.num_accepted_tokens += accepted
         for i in range(accepted):
             self.accepted_per_position[i] += 1
+        for i in range(min(k, accepted + 1)):
+            self.reached_per_position[i] += 1
 
 
 def plan_drafts(cands: list[tuple[Request, int]], base_tokens: int, rows: int,
