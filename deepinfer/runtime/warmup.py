@@ -20,7 +20,8 @@ log = logging.getLogger("deepinfer.runtime.engine")
 
 def warm_up(engine, progress=None) -> int:
     """Compile the step for every bucket shape (``progress(1)`` after each), and with
-    ``EngineConfig.warm_structured`` its two halves (constrained steps with overlap).
+    ``EngineConfig.warm_structured`` its two halves (constrained steps with overlap); with
+    ``mtp_varlen``, time every shape at every draft depth for the step-cost model.
     Returns the number of step shapes."""
     costs = {}
     for shape in engine.bucket_shapes():

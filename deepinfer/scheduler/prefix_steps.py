@@ -32,11 +32,6 @@ def _known(req: Request) -> int:
     return len(req.prompt_token_ids) + req.num_resolved
 
 
-def _penalised(req: Request) -> bool:
-    sp = req.sampling_params
-    return sp.repetition_penalty != 1.0 or sp.presence_penalty != 0.0 or sp.frequency_penalty != 0.0
-
-
 def chunk_end(cache: PrefixCache | None, req: Request, n: int) -> int:
     """Tokens of req to compute this step: a prefill chunk stops at the next checkpoint inside the prompt."""
     if cache is None or cache.settings.mode != SNAPSHOT or n <= 1:
@@ -88,7 +83,7 @@ def plan_restore(ops: CacheOps, req: Request, hit: Hit, copies: list) -> None:
         ops.restores.append((req.slot, hit.snapshot))
     ops.clears.append(req.slot)
     ops.copies.extend(copies)
-    if _penalised(req):  # the skipped tokens still count: prompt membership, output counts after a preemption
+    if req.sampling_params.uses_penalties:  # the skipped tokens still count: prompt membership, output counts after a preemption
         plen = len(req.prompt_token_ids)
         ops.marks.extend((req.slot, t, int(i >= plen)) for i, t in enumerate(req.all_token_ids[: hit.restore_len]))
     req.num_cached_tokens = hit.restore_len

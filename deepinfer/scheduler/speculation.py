@@ -42,7 +42,8 @@ MAX_DRAFT_TOKENS = 5  # the product's cap (DEEPINFER_USE_NEXTN_DECODE <= 5)
 
 def drafts_available(req: Request, num_speculative_tokens: int) -> int:
     """Drafts req could verify now: those read from its last step, or, when that step is still in
-    flight (overlap), the drafter's full k, which the device holds for its slot."""
+    flight (overlap), as many as that step asked the drafter for (k unless confidence scheduling
+    chose a depth), which the device holds for its slot."""
     if req.in_flight_plan is not None:
         return req.in_flight_plan.draft_depth.get(req.request_id, num_speculative_tokens)
     return len(req.drafts)
@@ -152,5 +153,5 @@ def plan_speculation(cands: list[tuple[Request, int, int]], base_tokens: int, ro
     values = {d: _best([(req, min(cap, d)) for req, cap, _ in cands], base_tokens, rows, at(d), prior, True)[1]
               for d in range(1, max_depth + 1)}
     depth = max(values, key=lambda d: (values[d], -d))
-    chosen, _ = _best([(req, min(cap, have, depth)) for req, cap, have in cands], base_tokens, rows, at(depth), prior)
-    return chosen, depth
+    return plan_drafts([(req, min(cap, have, depth)) for req, cap, have in cands], base_tokens, rows, at(depth),
+                       prior), depth
