@@ -329,33 +329,44 @@ def test_overlap_plans_on_top_of_a_step_with_drafts_in_flight():
 
 
 def test_confidence_scheduling_chooses_the_draft_depth_with_the_drafts():
-    """With a step-cost model by (tokens, rows, draft depth) the scheduler picks the depth whose
-    steady state pays best (at the acceptance measured by position) and verifies, among the
-    drafts there are (one step old with overlap), what pays at that depth."""
+    """With a step-cost model by (tokens, rows, draft depth, grid width) the scheduler picks the
+    depth whose steady state pays best (at the acceptance measured by position) and verifies,
+    among the drafts there are (one step old with overlap), what pays at that depth; at high
+    load the depth is 0 (the drafter skipped)."""
     s = _speculative(k=5)
-    s.step_cost = lambda n, r, d: 1.0  # tokens and drafting free: verify and draft all there is
+    s.step_cost = lambda n, r, d, w: 1.0  # tokens and drafting free: verify and draft all there is
     s.add_request(req("a", 5, max_tokens=30, temperature=0.0))
     prefill = s.schedule()
-    assert prefill.draft_depth == {"a": 1}  # nothing to verify yet: the feeding's one draft
-    step_1 = s.schedule()  # the prefill still in flight: one draft on the device
-    assert step_1.drafts == {"a": [None]} and step_1.draft_depth == {"a": 5}
+    assert prefill.draft_depth == {"a": 5}  # the request will decode: its first drafts come after the prompt
+    step_1 = s.schedule()  # the prefill still in flight: five drafts on the device
+    assert step_1.drafts == {"a": [None] * 5} and step_1.draft_depth == {"a": 5}
     step_2 = s.schedule()
     assert step_2.drafts == {"a": [None] * 5} and step_2.draft_depth == {"a": 5}
     s.update(prefill, {"a": 7})
     s.update(step_1, {"a": [8, 9]})
     s.update(step_2, {"a": [10, 2, 3, 4, 5, 6]})
+    assert s.running[0].output_token_ids == [7, 8, 9, 10, 2, 3, 4, 5, 6]
     (a,) = s.running
     a.drafts, a.draft_confidence = [8, 9, 10, 11, 12], [0.9, 0.5, 0.2, 0.1, 0.1]
     # acceptance measured so far, by position: .9, then .5 of those, .2, .1, .1 (survival .9, .45, .09, ...)
     s.spec_stats.accepted_per_position, s.spec_stats.reached_per_position = [900, 450, 90, 9, 1], [1000, 900, 450, 90, 9]
-    # each MTP pass costs 10 % of a step: depth 2 pays best, 3 does not
-    s.step_cost = lambda n, r, d: 1.0 + 0.1 * (d - 1)
+    # each MTP pass costs 10 % of a step (the first comes with the feeding): depth 2 pays best, 3 does
+    # not; the five drafts already made cost nothing more to verify, so all are
+    s.step_cost = lambda n, r, d, w: 1.0 + 0.1 * d
     step_3 = s.schedule()
-    assert step_3.drafts == {"a": [8, 9]} and step_3.draft_depth == {"a": 2}
+    assert step_3.drafts == {"a": [8, 9, 10, 11, 12]} and step_3.draft_depth == {"a": 2}
     s.update(step_3, {"a": [8, 3]})
-    s.step_cost = lambda n, r, d: float(n)  # compute-bound: verifying costs what it earns
+    # compute-bound: verifying costs what it earns, and drafting costs more: nothing is drafted
+    s.step_cost = lambda n, r, d, w: n * (1.0 + 0.1 * d)
     step_4 = s.schedule()
-    assert step_4.drafts == {} and step_4.draft_depth == {"a": 1}
+    assert step_4.drafts == {} and step_4.draft_depth == {"a": 0}
+    # a wide sampling grid costs: with the third position 'a' would verify, the width rules it out
+    s.update(step_4, {"a": 4})
+    (a,) = s.running
+    a.drafts, a.draft_confidence = [8, 9, 10], [0.9, 0.9, 0.9]
+    s.step_cost = lambda n, r, d, w: 1.0 + 0.1 * d + (0.5 if w > 3 else 0.0)
+    step_5 = s.schedule()
+    assert step_5.drafts == {"a": [8, 9]}
 
 
 def test_overlap_waits_when_min_tokens_depends_on_the_step_in_flight():
@@ -379,12 +390,12 @@ def test_confidence_scheduling_verifies_what_pays_for_its_step_time():
     a, b = req("a", 3), req("b", 3)
     a.draft_confidence, b.draft_confidence = [0.9, 0.9, 0.9], [0.2, 0.9, 0.9]
     cands = [(a, 3), (b, 3)]
-    flat = lambda n, r: 1.0  # noqa: E731  (tokens are free: verify every draft)
+    flat = lambda n, r, w: 1.0  # noqa: E731  (tokens are free: verify every draft)
     assert plan_drafts(cands, 2, 2, flat) == {"a": 3, "b": 3}
-    linear = lambda n, r: float(n)  # noqa: E731  (compute-bound: a token costs as much as it can earn)
+    linear = lambda n, r, w: float(n)  # noqa: E731  (compute-bound: a token costs as much as it can earn)
     assert plan_drafts(cands, 2, 2, linear) == {}
     # in between: a's drafts (survival .9, .81, .73) beat b's (.2, .18, .16) and are taken first
-    step = lambda n, r: 1.0 + 0.1 * n  # noqa: E731
+    step = lambda n, r, w: 1.0 + 0.1 * n  # noqa: E731
     chosen = plan_drafts(cands, 2, 2, step)
     assert chosen.get("a", 0) == 3 and chosen.get("b", 0) < 3
     a.draft_confidence = [0.0, 1.0, 1.0]

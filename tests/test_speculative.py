@@ -118,6 +118,7 @@ def test_greedy_streams_equal_speculation_off(bundled, k):
     assert 1 not in reqs[6].output_token_ids[:10]
 
 
+@pytest.mark.slow  # 35 s; the skipped-steps test below checks the feeding through chunks the same way
 def test_first_draft_is_the_whole_sequence_mtp_prediction(bundled):
     """The drafter fed through chunked prefill (the host's next prompt token at chunk ends) and the
     target's first token gives the same draft as mtp_forward over the whole sequence."""
@@ -137,6 +138,40 @@ def test_first_draft_is_the_whole_sequence_mtp_prediction(bundled):
     probs = np.exp(last - last.max()) / np.exp(last - last.max()).sum()
     assert abs(confidence - probs[draft]) < 1e-4
     engine.run_until_done()
+
+
+def test_a_drafter_that_skipped_steps_drafts_from_where_it_resumed(bundled):
+    """Confidence scheduling at high load skips the drafter (depth 0, feeding included): its window
+    then has a gap, and once fed again it must read only what it was fed since. Here the prompt's
+    first three chunks skip it; the draft after the first token equals the whole-sequence MTP
+    block over the positions fed since (fed through two chunks: the host's next prompt token at the
+    chunk's end, then the target's first token), and the stream equals speculation off."""
+    cfg, params, prompts, _, base = bundled
+    prompt = prompts[3]  # 129 tokens: four 32-token chunks, then one; the drafter's window is 64
+    engine = _engine(cfg, params, 5, mtp_varlen=True)
+    skipping = [True]
+    # a cost model under which drafting never pays (then it is free): depth 0 for the first chunks
+    engine.scheduler.step_cost = lambda n, r, d, w: 1.0 + (10.0 * d if skipping[0] else 0.0)
+    req = engine.add_request(prompt, GREEDY)
+    for _ in range(3):
+        engine.step()
+    skipping[0] = False
+    while not req.output_token_ids or req.output_token_ids[0] is None:
+        engine.step()
+    first, draft, confidence = req.output_token_ids[0], req.drafts[0], req.draft_confidence[0]
+    seq = jnp.asarray([prompt + [first]])
+    _, streams, _ = jax.jit(forward_with_intermediates, static_argnums=0)(cfg, params, seq)
+    positions = jnp.arange(seq.shape[1])[None]
+    fed = slice(96, 129)  # the drafter's inputs since it resumed: positions 96 .. 128 (their next tokens)
+    logits, _ = jax.jit(mtp_forward, static_argnums=(0, 2))(cfg, params, 0, streams[:, fed], seq[:, 97:130],
+                                                             positions[:, fed])
+    last = np.asarray(logits[0, -1])
+    assert draft == int(np.argmax(last))
+    probs = np.exp(last - last.max()) / np.exp(last - last.max()).sum()
+    assert abs(confidence - probs[draft]) < 1e-4
+    engine.run_until_done()
+    assert req.output_token_ids == base[3].output_token_ids and req.num_accepted_tokens > 0
+    engine.check_all_free()
 
 
 @pytest.fixture(scope="module")

@@ -211,6 +211,7 @@ class LLMEngine:
             pick_bucket(max(len(plan.scheduled), 1), self.row_buckets),
             self.max_pages,
             self.num_drafts,
+            self.num_drafts > 0 and self.config.mtp_varlen,
         )
 
     def _run(self, plan: StepPlan, shape: PlanShape):
@@ -352,8 +353,9 @@ class LLMEngine:
 
     def bucket_shapes(self) -> list[PlanShape]:
         """Every step shape the engine can run: (token bucket, row bucket) pairs with rows <= tokens."""
-        return [PlanShape(t, r, self.max_pages, self.num_drafts) for t in self.token_buckets for r in self.row_buckets
-                if r <= t]
+        varlen = self.num_drafts > 0 and self.config.mtp_varlen
+        return [PlanShape(t, r, self.max_pages, self.num_drafts, varlen) for t in self.token_buckets
+                for r in self.row_buckets if r <= t]
 
     def warmup(self, progress=None) -> int:
         """Compile the step for every bucket shape (``progress(1)`` after each), and with

@@ -134,6 +134,7 @@ def run_step(
     tables: dict,
     num_drafts: int = 0,
     bitmask: jax.Array | None = None,
+    varlen: bool = False,
 ) -> tuple[StepOutput, EngineState]:
     """One step on typed inputs -> (outputs, new state).
 
@@ -149,15 +150,17 @@ def run_step(
     sampling filter; None or all ones: unconstrained.
     """
     fwd, state = forward_half(family, cfg, layout, params, state, tok, rows, tables)
-    return sample_half(family, cfg, layout, params, state, fwd, tok, rows, tables, num_drafts, bitmask)
+    return sample_half(family, cfg, layout, params, state, fwd, tok, rows, tables, num_drafts, bitmask, varlen)
 
 
 def sample_half(
     family: ModelFamily, cfg: ModelConfig, layout: PagedLayout, params: dict, state: EngineState, fwd: Forwarded,
     tok: TokenFields, rows: RowFields, tables: dict, num_drafts: int = 0, bitmask: jax.Array | None = None,
+    varlen: bool = False,
 ) -> tuple[StepOutput, EngineState]:
     """The rest of a step after ``forward_half``: the head, logit processing, the mask, sampling
-    and verification, the drafter, the per-slot last token."""
+    and verification, the drafter, the per-slot last token. ``varlen``: rows verify any number of
+    drafts up to num_drafts (confidence scheduling), so the sampling grid has every width."""
     tok, rows = follow_in_flight(state, tok, rows)
     fb = flat_batch(tok, rows, tables)
     hidden, tokens, model_state = fwd.hidden, fwd.tokens, state.model
@@ -181,30 +184,48 @@ def sample_half(
         return sampled, accepted, logits, Logprobs(*logprobs)
 
     # the (row, position) grid: position j of row r is flat token last - num_draft + j
-    j = jnp.arange(width, dtype=jnp.int32)[None, :]
     first = last - rows.num_draft
-    grid = jnp.clip(first[:, None] + j, 0, num_tokens - 1)  # [R, K1]
-    # n_new as if the row ended at that position: the sampler's position is length + n_new
-    at = rows._replace(n_new=rows.n_new - rows.num_draft)
-    grid_rows = jax.tree.map(lambda a: jnp.repeat(a, width, axis=0), at)._replace(
-        n_new=(at.n_new[:, None] + j).reshape(-1))
-    # the draft verified at each (row, position): the row's next input token, for j < num_draft
-    drafted = tokens[jnp.clip(grid + 1, 0, num_tokens - 1)]
-    has_draft = j < rows.num_draft[:, None]
     tiled = cfg.batch_invariant  # rows and tokens in fixed tiles, as inside the model
     words = bitmask_words(cfg.vocab_size)
     if bitmask is None:
         bitmask = jnp.full((rows.slot.shape[0], width, words), -1, jnp.int32)
-    # penalties at position j count the outputs before it: every input of the row is counted, so
-    # the drafts after j (entered, not yet before j) are taken out again there
-    i = jnp.arange(max(num_drafts, 1), dtype=jnp.int32)[None, None, :]
-    after_j = (i >= j[:, :, None]) & (i < rows.num_draft[:, None, None])
-    later = jnp.where(after_j, drafted[:, None, : i.shape[-1]], cfg.vocab_size)  # [R, K1, k]; V: none
-    sampled, ok, logits, logprobs = per_token(tiled, sample_rows, hidden[grid.reshape(-1)], grid_rows,
-                                              drafted.reshape(-1), has_draft.reshape(-1), bitmask.reshape(-1, words),
-                                              later.reshape(-1, i.shape[-1]))
-    unflat = lambda a: a.reshape(-1, width, *a.shape[1:])  # noqa: E731
-    sampled, ok, logits, logprobs = unflat(sampled), unflat(ok), unflat(logits), jax.tree.map(unflat, logprobs)
+
+    def grid_of(w: int):
+        """Sampling and verification at the first w positions of every row (enough when no row
+        verifies more than w - 1 drafts), padded to the full width."""
+        def run(_):
+            j = jnp.arange(w, dtype=jnp.int32)[None, :]
+            grid = jnp.clip(first[:, None] + j, 0, num_tokens - 1)  # [R, w]
+            # n_new as if the row ended at that position: the sampler's position is length + n_new
+            at = rows._replace(n_new=rows.n_new - rows.num_draft)
+            grid_rows = jax.tree.map(lambda a: jnp.repeat(a, w, axis=0), at)._replace(
+                n_new=(at.n_new[:, None] + j).reshape(-1))
+            # the draft verified at each (row, position): the row's next input token, for j < num_draft
+            drafted = tokens[jnp.clip(grid + 1, 0, num_tokens - 1)]
+            has_draft = j < rows.num_draft[:, None]
+            # penalties at position j count the outputs before it: every input of the row is counted, so
+            # the drafts after j (entered, not yet before j) are taken out again there
+            i = jnp.arange(max(w - 1, 1), dtype=jnp.int32)[None, None, :]
+            after_j = (i >= j[:, :, None]) & (i < rows.num_draft[:, None, None])
+            later = jnp.where(after_j, drafted[:, None, : i.shape[-1]], cfg.vocab_size)  # [R, w, w - 1]; V: none
+            out = per_token(tiled, sample_rows, hidden[grid.reshape(-1)], grid_rows, drafted.reshape(-1),
+                            has_draft.reshape(-1), bitmask[:, :w].reshape(-1, words), later.reshape(-1, i.shape[-1]))
+            pad = lambda a: jnp.pad(a.reshape(-1, w, *a.shape[1:]),  # noqa: E731
+                                    [(0, 0), (0, width - w)] + [(0, 0)] * (a.ndim - 1))
+            return jax.tree.map(pad, out)
+        return run
+
+    # the narrowest grid that holds every row's drafts: a step verifying few drafts (or none) pays
+    # for what it verifies, not for the widest (the program has one branch per width it may need)
+    widths = tuple(range(1, width + 1)) if varlen else tuple(sorted({1, width}))
+    if len(widths) == 1:
+        sampled, ok, logits, logprobs = grid_of(width)(None)
+    else:
+        need = jnp.max(jnp.where(rows.sample > 0, rows.num_draft, 0)) + 1
+        branch = jnp.sum(jnp.asarray(widths) < need)
+        sampled, ok, logits, logprobs = jax.lax.switch(branch, [grid_of(w) for w in widths], None)
+    j = jnp.arange(width, dtype=jnp.int32)[None, :]
+    grid = jnp.clip(first[:, None] + j, 0, num_tokens - 1)  # [R, K1]
     # drafts are accepted while each passes verification; the first failure emits the target's token
     accepted = jnp.sum(jnp.cumprod(ok[:, :-1].astype(jnp.int32), axis=1), axis=1)
     samples = rows.sample > 0
@@ -263,7 +284,7 @@ def paged_step(
     [R, num_drafts + 1, ceil(V/32)]) -> (outputs, new state)."""
     pools = tuple(name for name, _ in layout.num_pages)
     tok, rows, tables = unpack(shape, pools, ints, floats)
-    return run_step(family, cfg, layout, params, state, tok, rows, tables, shape.num_drafts, bitmask)
+    return run_step(family, cfg, layout, params, state, tok, rows, tables, shape.num_drafts, bitmask, shape.varlen)
 
 
 def paged_forward_step(family, cfg, layout, shape: PlanShape, params, state, ints, floats):
@@ -278,7 +299,8 @@ def paged_sample_step(family, cfg, layout, shape: PlanShape, params, state, fwd:
     """The sampling half of the engine's step, after ``paged_forward_step``."""
     pools = tuple(name for name, _ in layout.num_pages)
     tok, rows, tables = unpack(shape, pools, ints, floats)
-    return sample_half(family, cfg, layout, params, state, fwd, tok, rows, tables, shape.num_drafts, bitmask)
+    return sample_half(family, cfg, layout, params, state, fwd, tok, rows, tables, shape.num_drafts, bitmask,
+                       shape.varlen)
 
 
 # One program per static (family, config, layout, plan shape); the state is updated in place.

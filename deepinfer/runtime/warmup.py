@@ -30,8 +30,11 @@ def warm_up(engine, progress=None) -> int:
             # the two halves of a constrained step (otherwise compiled on first use)
             engine._run_sample(StepPlan(), shape, engine._run_forward(StepPlan(), shape))
         if engine.num_drafts and engine.config.mtp_varlen:  # the step-cost model of confidence scheduling
-            for depth in range(1, engine.num_drafts + 1):
-                costs[(shape.num_tokens, shape.num_rows, depth)] = time_step(engine, shape, depth)
+            key = (shape.num_tokens, shape.num_rows)
+            for depth in range(0, engine.num_drafts + 1):
+                costs[key + ("depth", depth)] = time_step(engine, shape, depth)
+            for width in range(2, engine.num_drafts + 2):  # what a wider sampling grid adds
+                costs[key + ("width", width)] = max(0.0, time_step(engine, shape, 1, width) - costs[key + ("depth", 1)])
         if progress is not None:
             progress(1)
     if costs:
@@ -44,14 +47,16 @@ def warm_up(engine, progress=None) -> int:
     return len(engine.compiled_shapes)
 
 
-def time_step(engine, shape: PlanShape, depth: int, repeats: int = 3) -> float:
-    """Seconds one step of this shape takes on the device when the drafter drafts ``depth``
-    (the fastest of a few). A padding-only plan runs the same program, so it costs what a full
-    one does; one padding row is made to sample, so the drafter's loop runs depth - 1 times
-    (its slot is out of range: every write it makes is dropped)."""
+def time_step(engine, shape: PlanShape, depth: int, width: int = 1, repeats: int = 3) -> float:
+    """Seconds one step of this shape takes on the device when the drafter drafts ``depth`` (0:
+    skipped) and the sampling grid is ``width`` positions wide (the fastest of a few). A
+    padding-only plan runs the same program, so it costs what a full one does; one padding row
+    is made to sample and verify width - 1 drafts, so the drafter's loop runs depth - 1 times
+    and the grid's branch is that width's (its slot is out of range: every write is dropped)."""
     ints, floats = pack(StepPlan(), engine.pools, shape, engine.layout.num_slots, {}, engine.cfg.vocab_size)
     ints[row_field_at(shape, "sample")] = 1
     ints[row_field_at(shape, "draft_depth")] = depth
+    ints[row_field_at(shape, "num_draft")] = width - 1
     ints, floats = jnp.asarray(ints), jnp.asarray(floats)
     bitmask = engine._bitmask(StepPlan(), shape)
     best = float("inf")
@@ -64,15 +69,19 @@ def time_step(engine, shape: PlanShape, depth: int, repeats: int = 3) -> float:
     return best
 
 
-def cost_model(engine, costs: dict) -> Callable[[int, int, int], float]:
+def cost_model(engine, costs: dict) -> Callable[[int, int, int, int], float]:
+    """Seconds per step by (tokens, rows, draft depth, grid width): the bucket's time at that depth
+    plus what that width adds to it (the two are measured apart: depth at width 1, width at depth 1)."""
     tokens, rows = engine.token_buckets, engine.row_buckets
+    worst = max(costs.values())
 
-    def cost(n_tokens: int, n_rows: int, depth: int) -> float:
+    def cost(n_tokens: int, n_rows: int, depth: int, width: int = 1) -> float:
         t = pick_bucket(max(min(n_tokens, tokens[-1]), 1), tokens)
         r = pick_bucket(max(min(n_rows, rows[-1], t), 1), rows)
-        return costs.get((t, r, depth), max(costs.values()))
+        return costs.get((t, r, "depth", depth), worst) + (costs.get((t, r, "width", width), 0.0) if width > 1 else 0.0)
 
-    log.info("speculation: step cost by token bucket (ms, most rows) at draft depth 1 / %d: %s", engine.num_drafts,
-             {t: tuple(round(1e3 * max(v for (tt, _, d), v in costs.items() if tt == t and d == depth), 2)
-                       for depth in (1, engine.num_drafts)) for t in tokens})
+    log.info("speculation: step cost by token bucket (ms, most rows) at draft depth 0 / 1 / %d: %s", engine.num_drafts,
+             {t: tuple(round(1e3 * max(v for (tt, _, kind, d), v in costs.items()
+                                       if tt == t and kind == "depth" and d == depth), 2)
+                       for depth in (0, 1, engine.num_drafts)) for t in tokens})
     return cost

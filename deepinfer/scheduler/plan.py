@@ -61,6 +61,7 @@ class PlanShape:
     num_rows: int  # R bucket
     max_pages: tuple[int, ...]  # per pool
     num_drafts: int = 0  # > 0: speculative decoding, the step verifies up to this many drafts per row and drafts as many
+    varlen: bool = False  # confidence scheduling: rows verify any number of drafts, the drafter may be skipped
 
     @property
     def int_size(self) -> int:

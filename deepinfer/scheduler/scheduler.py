@@ -29,6 +29,7 @@ into numpy arrays for the device. No JAX here.
 from __future__ import annotations
 
 import collections
+import itertools
 import time
 from dataclasses import dataclass
 
@@ -143,12 +144,18 @@ class Scheduler:
             return None, None
         budget = self.config.max_num_batched_tokens
         base = min(budget, sum(r.num_pending for r in self.running))
-        cands = []
+        cands, steady = [], []
         for r in self.running:
             cap = num_drafts_for(r, limit, budget, self.config.max_model_len, limit)  # by its limits alone
             if cap:
                 cands.append((r, cap, drafts_available(r, limit)))
-        return plan_speculation(cands, base, max(len(self.running), 1), self.step_cost,
+        # the steady state: the running requests and those that may be admitted now, all decoding
+        admissible = list(itertools.islice(self.waiting, max(0, self.config.max_num_seqs - len(self.running))))
+        for r in self.running + admissible:
+            cap = num_drafts_for(r, limit, budget, self.config.max_model_len, limit, decoding=True)
+            if cap:
+                steady.append((r, cap))
+        return plan_speculation(cands, base, max(len(self.running), 1), steady, self.step_cost,
                                 self.spec_stats.position_rates(), limit)
 
     def schedule(self) -> StepPlan:

@@ -23,10 +23,10 @@ each draft position's chance of being accepted is estimated by its survival prod
 drafter's own probabilities of the drafts up to it (one step old: they come with the
 drafts). ``plan_drafts`` then picks, over the whole step, the draft tokens to verify so
 that expected progress per second is highest under the step-cost model the engine
-measured at warm-up (seconds per step by token and row count). When steps are
-compute-bound (many rows), adding tokens costs time and little or nothing is verified. The
-drafter's depth is chosen with it (``plan_speculation``: the step-cost model has the depth as
-a third argument), so at high load it drafts only what its feeding gives.
+measured at warm-up (seconds per step by tokens, rows, draft depth and the sampling grid's
+width). When steps are compute-bound (many rows), adding tokens costs time and little or
+nothing is verified. The drafter's depth is chosen with it (``plan_speculation``), down to 0:
+at high load the drafter is skipped, feeding included, and a step costs a plain one.
 """
 
 from __future__ import annotations
@@ -49,11 +49,13 @@ def drafts_available(req: Request, num_speculative_tokens: int) -> int:
     return len(req.drafts)
 
 
-def num_drafts_for(req: Request, limit: int, budget: int, max_model_len: int, available: int | None = None) -> int:
+def num_drafts_for(req: Request, limit: int, budget: int, max_model_len: int, available: int | None = None,
+                   decoding: bool = False) -> int:
     """How many of req's drafts this step verifies (0: a plain decode). ``available``: drafts
-    there are (default: those read from its last step)."""
+    there are (default: those read from its last step); ``decoding``: as if req were decoding
+    now (the steady state confidence scheduling plans the draft depth for), its prompt or not."""
     available = len(req.drafts) if available is None else available
-    if not limit or not available or req.num_pending != 1:
+    if not limit or not available or (req.num_pending != 1 and not decoding):
         return 0
     sp = req.sampling_params
     # counts below include the placeholders of a step in flight, as if it accepted every draft
@@ -103,12 +105,13 @@ class SpecStats:
 
 
 def plan_drafts(cands: list[tuple[Request, int]], base_tokens: int, rows: int,
-                step_cost: Callable[[int, int], float], prior: list[float] | None = None) -> dict[str, int]:
+                step_cost: Callable[[int, int, int], float], prior: list[float] | None = None) -> dict[str, int]:
     """Drafts to verify per request id. cands: (request, most drafts it may verify); base_tokens /
     rows: the step's work without drafts. Maximises (base_tokens + expected accepted drafts) /
-    step_cost(base_tokens + drafts, rows); a request's chosen drafts are always its first ones.
-    A draft's confidence is the request's last read one (one step old with overlap); ``prior``
-    per position where it has none (its first drafts, not read yet)."""
+    step_cost(base_tokens + drafts, rows, width), width being 1 + the most drafts one row verifies
+    (the sampling grid's); a request's chosen drafts are always its first ones. A draft's
+    confidence is the request's last read one (one step old with overlap); ``prior`` per
+    position where it has none (its first drafts, not read yet)."""
     return _best(cands, base_tokens, rows, step_cost, prior)[0]
 
 
@@ -124,34 +127,40 @@ def _best(cands, base_tokens: int, rows: int, step_cost, prior, prior_only: bool
             survival *= min(max(float(conf), 0.0), 1.0)
             gains.append((survival, -i, req.request_id))
     gains.sort(reverse=True)  # a request's later positions never come before its earlier ones
-    best_m, best = 0, base_tokens / step_cost(base_tokens, rows)
-    expected = 0.0
-    for m, (gain, _, _) in enumerate(gains, 1):
+    best_m, best = 0, base_tokens / step_cost(base_tokens, rows, 1)
+    expected, width = 0.0, 1
+    for m, (gain, neg_i, _) in enumerate(gains, 1):
         expected += gain
-        value = (base_tokens + expected) / step_cost(base_tokens + m, rows)
+        width = max(width, 2 - neg_i)  # this draft is its request's position -neg_i (from 0)
+        value = (base_tokens + expected) / step_cost(base_tokens + m, rows, width)
         if value > best:
             best, best_m = value, m
     return dict(collections.Counter(rid for _, _, rid in gains[:best_m])), best
 
 
 def plan_speculation(cands: list[tuple[Request, int, int]], base_tokens: int, rows: int,
-                     step_cost: Callable[[int, int, int], float], prior: list[float] | None,
-                     max_depth: int) -> tuple[dict[str, int], int]:
+                     steady: list[tuple[Request, int]], step_cost: Callable[[int, int, int, int], float],
+                     prior: list[float] | None, max_depth: int) -> tuple[dict[str, int], int]:
     """Confidence scheduling of one step -> (drafts to verify per request id, draft depth).
 
-    cands: (request, most drafts it may verify by its limits, drafts it has now). The depth D
-    (drafts the drafter makes, for the next step; the device loop runs D - 1 MTP passes whatever
-    the rows) is the one whose steady state pays best: verifying up to D drafts a row at
-    step_cost(tokens, rows, D), each position accepted as often as measured so far (``prior``:
-    the drafter's own confidences are one step old with overlap, and of other drafts). This step
-    then verifies, among the drafts there are, what pays at depth D, ranked by the requests'
-    confidences. So drafting costs are weighed against what they earn, and a step that would
-    verify nothing drafts only the feeding's one."""
+    cands: (request, most drafts it may verify now by its limits, drafts it has now); steady:
+    (request, most drafts it could verify were it decoding) for every running request.
+    step_cost(tokens, rows, depth, width): seconds per step (depth 0: the drafter skipped,
+    feeding included). The depth D (drafts the drafter makes, for the next step; the device loop
+    runs D - 1 MTP passes whatever the rows) is the one whose steady state pays best: every
+    running request decoding and verifying up to D drafts at depth D's cost, each position
+    accepted as often as measured so far (``prior``: the drafter's own confidences are one step
+    old with overlap, and of other drafts). This step then verifies, among the drafts there are,
+    what pays at depth D, ranked by the requests' confidences. So drafting costs are weighed
+    against what they earn: at high load D is 0 and a step costs what it does without
+    speculation; a prompt is fed to the drafter when its request will draft."""
     def at(depth):
-        return lambda n, r: step_cost(n, r, depth)
+        return lambda n, r, w: step_cost(n, r, depth, w)
 
-    values = {d: _best([(req, min(cap, d)) for req, cap, _ in cands], base_tokens, rows, at(d), prior, True)[1]
-              for d in range(1, max_depth + 1)}
+    n = max(len(steady), 1)
+    values = {d: _best([(req, min(cap, d)) for req, cap in steady], n, n, at(d), prior, True)[1]
+              for d in range(0, max_depth + 1)}
     depth = max(values, key=lambda d: (values[d], -d))
-    return plan_drafts([(req, min(cap, have, depth)) for req, cap, have in cands], base_tokens, rows, at(depth),
+    # drafts already made are verified if they pay, whatever the depth for the next step
+    return plan_drafts([(req, min(cap, have)) for req, cap, have in cands], base_tokens, rows, at(depth),
                        prior), depth

@@ -29,7 +29,8 @@ from deepinfer.numerics import per_token
 def mtp_step(cfg: ModelConfig, params: dict, st: dict, streams: jax.Array, next_tokens: jax.Array, fb: FlatBatch,
              page_size: int):
     """The MTP block at every token of a flat batch: streams [T, hc, D], next_tokens [T] (token t+1) ->
-    (logits [T, V] fp32 for token t+2, output streams [T, hc, D], new MTP layer state)."""
+    (output streams [T, hc, D], new MTP layer state). ``mtp_logits`` turns output streams into the
+    logits for token t+2; the feeding needs them only where a row drafts, so they are not made per token."""
     p = params["mtp"][0]
     eps = cfg.rms_norm_eps
 
@@ -45,8 +46,13 @@ def mtp_step(cfg: ModelConfig, params: dict, st: dict, streams: jax.Array, next_
         return y[None], {"state": new_st}
 
     out, aux = block(cfg, p["block"], SCORE_MOE, x[None], next_tokens[None], attn_fn)
-    logits = per_token(cfg.batch_invariant, lambda o: lm_head(cfg, params, p["hc_head"], p["norm"], o), out[0])
-    return logits, out[0], aux["attn.state"]
+    return out[0], aux["attn.state"]
+
+
+def mtp_logits(cfg: ModelConfig, params: dict, streams: jax.Array) -> jax.Array:
+    """The MTP block's head: output streams [B, hc, D] -> logits [B, V] fp32 (the shared lm head)."""
+    p = params["mtp"][0]
+    return per_token(cfg.batch_invariant, lambda o: lm_head(cfg, params, p["hc_head"], p["norm"], o), streams)
 
 
 def _greedy(logits: jax.Array) -> tuple[jax.Array, jax.Array]:
@@ -64,13 +70,55 @@ def draft_forward(cfg: ModelConfig, params: dict, state: dict, hidden: jax.Array
     Tokens whose next token is unknown (next_tokens < 0) are not fed (no state written). ``depth``
     [R] (default k): row r drafts only its first depth[r] tokens (the rest: confidence 0); the
     recursion runs max(depth) - 1 times, a loop on the device, so a step that wants few drafts
-    (confidence-scheduled, at high load) does not pay for k. The first draft comes with the feeding."""
+    (confidence-scheduled, at high load) does not pay for k. The first draft comes with the feeding.
+    A step in which every row's depth is 0 skips the drafter altogether, feeding included (at high
+    load confidence scheduling verifies nothing, and a step then costs what it costs without
+    speculation); the slots' drafter windows then have a gap, which ``_fed_history`` hides."""
+    n_rows = draft_from.shape[0]
+    depth = jnp.full((n_rows,), num_drafts, jnp.int32) if depth is None else depth
+
+    def skip(_):
+        return jnp.zeros((n_rows, num_drafts), jnp.int32), jnp.zeros((n_rows, num_drafts), jnp.float32), state
+
+    def run(_):
+        return _feed_and_draft(cfg, params, state, hidden, next_tokens, fb, page_size, draft_from, draft_valid,
+                               num_drafts, jnp.clip(depth, 1, num_drafts))
+
+    return jax.lax.cond(jnp.all(depth <= 0), skip, run, None)
+
+
+def _fed_history(fed_state: dict, fb: FlatBatch, n_rows: int) -> tuple[jax.Array, dict]:
+    """Where each fed token's drafter window starts -> (history_start [T], new fed state).
+
+    ``fed_state``: per slot, ``start`` (the drafter's window holds every position from there to
+    ``next`` - 1) and ``next`` (the position after the last one fed). A row fed from beyond its
+    slot's ``next`` (the drafter skipped steps) starts a new history there: the window entries
+    before it are stale and must read as never written, like a replay's (``history_start``)."""
+    big = jnp.iinfo(jnp.int32).max
+    first = jax.ops.segment_min(jnp.where(fb.valid, fb.positions, big), fb.row, num_segments=n_rows)
+    last = jax.ops.segment_max(jnp.where(fb.valid, fb.positions, -1), fb.row, num_segments=n_rows)
+    hist = jnp.zeros_like(fb.positions) if fb.history_start is None else fb.history_start
+    row_hist = jax.ops.segment_max(jnp.where(fb.valid, hist, 0), fb.row, num_segments=n_rows)
+    row_slot = jax.ops.segment_max(jnp.where(fb.valid, fb.slot, -1), fb.row, num_segments=n_rows)
+    n_slots = fed_state["next"].shape[0]
+    slot = jnp.clip(row_slot, 0, n_slots - 1)
+    fresh = first <= row_hist  # the slot's state starts over here (a new request, a replay)
+    gap = first > fed_state["next"][slot]
+    start = jnp.where(fresh, row_hist, jnp.where(gap, first, fed_state["start"][slot]))
+    writes = jnp.where((last >= 0) & (row_slot < n_slots), slot, n_slots)  # nothing fed (or padding): dropped
+    new = {"start": fed_state["start"].at[writes].set(start, mode="drop"),
+           "next": fed_state["next"].at[writes].set(last + 1, mode="drop")}
+    return jnp.maximum(hist, start[jnp.clip(fb.row, 0, n_rows - 1)]), new
+
+
+def _feed_and_draft(cfg, params, state, hidden, next_tokens, fb, page_size, draft_from, draft_valid, num_drafts, depth):
     fed = dataclasses.replace(fb, valid=fb.valid & (next_tokens >= 0))
-    logits, out, st = mtp_step(cfg, params, state["mtp"][0], hidden, jnp.maximum(next_tokens, 0), fed, page_size)
+    n_rows = draft_from.shape[0]
+    history, fed_state = _fed_history(state["mtp_fed"], fed, n_rows)
+    fed = dataclasses.replace(fed, history_start=history)
+    out, st = mtp_step(cfg, params, state["mtp"][0], hidden, jnp.maximum(next_tokens, 0), fed, page_size)
     idx = jnp.clip(draft_from, 0, hidden.shape[0] - 1)
-    token, conf = _greedy(logits[idx])
-    n_rows = idx.shape[0]
-    depth = jnp.full((n_rows,), num_drafts, jnp.int32) if depth is None else jnp.clip(depth, 1, num_drafts)
+    token, conf = _greedy(mtp_logits(cfg, params, out[idx]))
     drafts = jnp.zeros((n_rows, num_drafts), jnp.int32).at[:, 0].set(token)
     confs = jnp.zeros((n_rows, num_drafts), jnp.float32).at[:, 0].set(conf)
     q = fb.positions[idx]
@@ -81,14 +129,13 @@ def draft_forward(cfg: ModelConfig, params: dict, state: dict, hidden: jax.Array
         pos = q + i
         valid = draft_valid & (i < depth)
         one = FlatBatch(positions=pos, valid=valid, row=rows, slot=fb.slot[idx], length=pos, start=rows,
-                        end=pos + 1, tables={k: t[idx] for k, t in fb.tables.items()},
-                        history_start=None if fb.history_start is None else fb.history_start[idx])
-        logits, streams, st = mtp_step(cfg, params, st, streams, token, one, page_size)
-        token, conf = _greedy(logits)
+                        end=pos + 1, tables={k: t[idx] for k, t in fb.tables.items()}, history_start=history[idx])
+        streams, st = mtp_step(cfg, params, st, streams, token, one, page_size)
+        token, conf = _greedy(mtp_logits(cfg, params, streams))
         drafts = jax.lax.dynamic_update_slice(drafts, token[:, None], (0, i))
         confs = jax.lax.dynamic_update_slice(confs, jnp.where(valid, conf, 0.0)[:, None], (0, i))
         return drafts, confs, streams, token, st
 
     steps = jnp.max(jnp.where(draft_valid, depth, 1))
     drafts, confs, _, _, st = jax.lax.fori_loop(1, steps, one_more, (drafts, confs, out[idx], token, st))
-    return drafts, confs, {**state, "mtp": [st]}
+    return drafts, confs, {**state, "mtp": [st], "mtp_fed": fed_state}

@@ -12,8 +12,9 @@ Everything is indexed by absolute token position, so the state never records a l
   token closing its window (position (w+1)*ratio - 1) is processed.
 * CSA — ``indexer``: the same compressor ring and rows at ``index_head_dim``.
 
-The tree is ``{"layers": [per layer], "mtp": [per MTP depth]}``; "mtp" (the drafter's
-state: the same layer state for the MTP block's attention type) only with ``layout.draft``.
+The tree is ``{"layers": [per layer], "mtp": [per MTP depth], "mtp_fed": ...}``; "mtp" (the
+drafter's state: the same layer state for the MTP block's attention type) and "mtp_fed" (per
+slot, the positions its window holds: a step may skip the drafter) only with ``layout.draft``.
 
 All CSA layers share one block table ("csa"): main and indexer rows grow in lockstep
 (one row per ratio tokens each), so one page id addresses both; HCA layers share "hca".
@@ -94,6 +95,8 @@ def _tree(cfg: ModelConfig, layout: PagedLayout, leaf) -> dict:
         if not cfg.num_nextn_predict_layers:
             raise ValueError("speculative decoding needs an MTP block: the config has num_nextn_predict_layers = 0")
         tree["mtp"] = [_layer(cfg, cfg.mtp_layer_types[0], layout, leaf)]  # one MTP block, applied recursively
+        # per slot: the drafter's window holds positions start .. next - 1 (a step may skip the drafter)
+        tree["mtp_fed"] = {"start": leaf("slot", (), jnp.int32), "next": leaf("slot", (), jnp.int32)}
     return tree
 
 
@@ -111,6 +114,7 @@ def state_axes(cfg: ModelConfig, layout: PagedLayout) -> dict:
     """Logical axis names per leaf: ("slot", None, "head_dim") or ("pages:<pool>", None, "head_dim")."""
 
     def leaf(kind, tail, _dtype):
-        return ("slot" if kind == "slot" else f"pages:{kind}",) + (None,) * (len(tail) - 1) + ("head_dim",)
+        lead = ("slot" if kind == "slot" else f"pages:{kind}",)
+        return lead + ((None,) * (len(tail) - 1) + ("head_dim",) if tail else ())
 
     return _tree(cfg, layout, leaf)
