@@ -118,6 +118,22 @@ def test_greedy_streams_equal_speculation_off(bundled, k):
     assert 1 not in reqs[6].output_token_ids[:10]
 
 
+def _assert_first_draft_is_mtp_prediction(cfg, params, prompt, req, fed_from: int = 0) -> None:
+    """req's first draft (after its first token) and its confidence are those of mtp_forward over
+    the positions the drafter was fed since ``fed_from`` (the inputs at p: streams at p, token p + 1)."""
+    first, draft, confidence = req.output_token_ids[0], req.drafts[0], req.draft_confidence[0]
+    seq = jnp.asarray([prompt + [first]])
+    _, streams, _ = jax.jit(forward_with_intermediates, static_argnums=0)(cfg, params, seq)
+    positions = jnp.arange(seq.shape[1])[None]
+    fed = slice(fed_from, seq.shape[1] - 1)
+    logits, _ = jax.jit(mtp_forward, static_argnums=(0, 2))(cfg, params, 0, streams[:, fed],
+                                                             seq[:, fed_from + 1:], positions[:, fed])
+    last = np.asarray(logits[0, -1])
+    assert draft == int(np.argmax(last))
+    probs = np.exp(last - last.max()) / np.exp(last - last.max()).sum()
+    assert abs(confidence - probs[draft]) < 1e-4
+
+
 @pytest.mark.slow  # 35 s; the skipped-steps test below checks the feeding through chunks the same way
 def test_first_draft_is_the_whole_sequence_mtp_prediction(bundled):
     """The drafter fed through chunked prefill (the host's next prompt token at chunk ends) and the
@@ -128,15 +144,7 @@ def test_first_draft_is_the_whole_sequence_mtp_prediction(bundled):
     req = engine.add_request(prompt, SamplingParams(max_tokens=2, temperature=0.0, ignore_eos=True))
     while not req.output_token_ids or req.output_token_ids[0] is None:
         engine.step()
-    first, draft, confidence = req.output_token_ids[0], req.drafts[0], req.draft_confidence[0]
-    seq = jnp.asarray([prompt + [first]])
-    _, streams, _ = jax.jit(forward_with_intermediates, static_argnums=0)(cfg, params, seq)
-    positions = jnp.arange(seq.shape[1])[None]
-    logits, _ = jax.jit(mtp_forward, static_argnums=(0, 2))(cfg, params, 0, streams[:, :-1], seq[:, 1:], positions[:, :-1])
-    last = np.asarray(logits[0, -1])
-    assert draft == int(np.argmax(last))
-    probs = np.exp(last - last.max()) / np.exp(last - last.max()).sum()
-    assert abs(confidence - probs[draft]) < 1e-4
+    _assert_first_draft_is_mtp_prediction(cfg, params, prompt, req)
     engine.run_until_done()
 
 
@@ -158,17 +166,7 @@ def test_a_drafter_that_skipped_steps_drafts_from_where_it_resumed(bundled):
     skipping[0] = False
     while not req.output_token_ids or req.output_token_ids[0] is None:
         engine.step()
-    first, draft, confidence = req.output_token_ids[0], req.drafts[0], req.draft_confidence[0]
-    seq = jnp.asarray([prompt + [first]])
-    _, streams, _ = jax.jit(forward_with_intermediates, static_argnums=0)(cfg, params, seq)
-    positions = jnp.arange(seq.shape[1])[None]
-    fed = slice(96, 129)  # the drafter's inputs since it resumed: positions 96 .. 128 (their next tokens)
-    logits, _ = jax.jit(mtp_forward, static_argnums=(0, 2))(cfg, params, 0, streams[:, fed], seq[:, 97:130],
-                                                             positions[:, fed])
-    last = np.asarray(logits[0, -1])
-    assert draft == int(np.argmax(last))
-    probs = np.exp(last - last.max()) / np.exp(last - last.max()).sum()
-    assert abs(confidence - probs[draft]) < 1e-4
+    _assert_first_draft_is_mtp_prediction(cfg, params, prompt, req, fed_from=96)  # positions 96 .. 128
     engine.run_until_done()
     assert req.output_token_ids == base[3].output_token_ids and req.num_accepted_tokens > 0
     engine.check_all_free()
