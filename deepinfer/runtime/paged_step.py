@@ -185,6 +185,8 @@ def sample_half(
 
     # the (row, position) grid: position j of row r is flat token last - num_draft + j
     first = last - rows.num_draft
+    j = jnp.arange(width, dtype=jnp.int32)[None, :]
+    grid = jnp.clip(first[:, None] + j, 0, num_tokens - 1)  # [R, K1]
     tiled = cfg.batch_invariant  # rows and tokens in fixed tiles, as inside the model
     words = bitmask_words(cfg.vocab_size)
     if bitmask is None:
@@ -194,21 +196,20 @@ def sample_half(
         """Sampling and verification at the first w positions of every row (enough when no row
         verifies more than w - 1 drafts), padded to the full width."""
         def run(_):
-            j = jnp.arange(w, dtype=jnp.int32)[None, :]
-            grid = jnp.clip(first[:, None] + j, 0, num_tokens - 1)  # [R, w]
+            j_w, grid_w = j[:, :w], grid[:, :w]
             # n_new as if the row ended at that position: the sampler's position is length + n_new
             at = rows._replace(n_new=rows.n_new - rows.num_draft)
             grid_rows = jax.tree.map(lambda a: jnp.repeat(a, w, axis=0), at)._replace(
-                n_new=(at.n_new[:, None] + j).reshape(-1))
+                n_new=(at.n_new[:, None] + j_w).reshape(-1))
             # the draft verified at each (row, position): the row's next input token, for j < num_draft
-            drafted = tokens[jnp.clip(grid + 1, 0, num_tokens - 1)]
-            has_draft = j < rows.num_draft[:, None]
+            drafted = tokens[jnp.clip(grid_w + 1, 0, num_tokens - 1)]
+            has_draft = j_w < rows.num_draft[:, None]
             # penalties at position j count the outputs before it: every input of the row is counted, so
             # the drafts after j (entered, not yet before j) are taken out again there
             i = jnp.arange(max(w - 1, 1), dtype=jnp.int32)[None, None, :]
-            after_j = (i >= j[:, :, None]) & (i < rows.num_draft[:, None, None])
+            after_j = (i >= j_w[:, :, None]) & (i < rows.num_draft[:, None, None])
             later = jnp.where(after_j, drafted[:, None, : i.shape[-1]], cfg.vocab_size)  # [R, w, w - 1]; V: none
-            out = per_token(tiled, sample_rows, hidden[grid.reshape(-1)], grid_rows, drafted.reshape(-1),
+            out = per_token(tiled, sample_rows, hidden[grid_w.reshape(-1)], grid_rows, drafted.reshape(-1),
                             has_draft.reshape(-1), bitmask[:, :w].reshape(-1, words), later.reshape(-1, i.shape[-1]))
             pad = lambda a: jnp.pad(a.reshape(-1, w, *a.shape[1:]),  # noqa: E731
                                     [(0, 0), (0, width - w)] + [(0, 0)] * (a.ndim - 1))
@@ -224,8 +225,6 @@ def sample_half(
         need = jnp.max(jnp.where(rows.sample > 0, rows.num_draft, 0)) + 1
         branch = jnp.sum(jnp.asarray(widths) < need)
         sampled, ok, logits, logprobs = jax.lax.switch(branch, [grid_of(w) for w in widths], None)
-    j = jnp.arange(width, dtype=jnp.int32)[None, :]
-    grid = jnp.clip(first[:, None] + j, 0, num_tokens - 1)  # [R, K1]
     # drafts are accepted while each passes verification; the first failure emits the target's token
     accepted = jnp.sum(jnp.cumprod(ok[:, :-1].astype(jnp.int32), axis=1), axis=1)
     samples = rows.sample > 0

@@ -76,15 +76,17 @@ def draft_forward(cfg: ModelConfig, params: dict, state: dict, hidden: jax.Array
     speculation); the slots' drafter windows then have a gap, which ``_fed_history`` hides."""
     n_rows = draft_from.shape[0]
     depth = jnp.full((n_rows,), num_drafts, jnp.int32) if depth is None else depth
+    drafter = {"mtp": state["mtp"], "mtp_fed": state["mtp_fed"]}  # only the drafter's leaves go through the cond
 
     def skip(_):
-        return jnp.zeros((n_rows, num_drafts), jnp.int32), jnp.zeros((n_rows, num_drafts), jnp.float32), state
+        return jnp.zeros((n_rows, num_drafts), jnp.int32), jnp.zeros((n_rows, num_drafts), jnp.float32), drafter
 
     def run(_):
-        return _feed_and_draft(cfg, params, state, hidden, next_tokens, fb, page_size, draft_from, draft_valid,
+        return _feed_and_draft(cfg, params, drafter, hidden, next_tokens, fb, page_size, draft_from, draft_valid,
                                num_drafts, jnp.clip(depth, 1, num_drafts))
 
-    return jax.lax.cond(jnp.all(depth <= 0), skip, run, None)
+    drafts, confs, drafter = jax.lax.cond(jnp.all(depth <= 0), skip, run, None)
+    return drafts, confs, {**state, **drafter}
 
 
 def _fed_history(fed_state: dict, fb: FlatBatch, n_rows: int) -> tuple[jax.Array, dict]:
@@ -111,12 +113,13 @@ def _fed_history(fed_state: dict, fb: FlatBatch, n_rows: int) -> tuple[jax.Array
     return jnp.maximum(hist, start[jnp.clip(fb.row, 0, n_rows - 1)]), new
 
 
-def _feed_and_draft(cfg, params, state, hidden, next_tokens, fb, page_size, draft_from, draft_valid, num_drafts, depth):
+def _feed_and_draft(cfg, params, drafter, hidden, next_tokens, fb, page_size, draft_from, draft_valid, num_drafts, depth):
+    """draft_forward's work when it runs; ``drafter``: the state's "mtp" and "mtp_fed" (returned updated)."""
     fed = dataclasses.replace(fb, valid=fb.valid & (next_tokens >= 0))
     n_rows = draft_from.shape[0]
-    history, fed_state = _fed_history(state["mtp_fed"], fed, n_rows)
+    history, fed_state = _fed_history(drafter["mtp_fed"], fed, n_rows)
     fed = dataclasses.replace(fed, history_start=history)
-    out, st = mtp_step(cfg, params, state["mtp"][0], hidden, jnp.maximum(next_tokens, 0), fed, page_size)
+    out, st = mtp_step(cfg, params, drafter["mtp"][0], hidden, jnp.maximum(next_tokens, 0), fed, page_size)
     idx = jnp.clip(draft_from, 0, hidden.shape[0] - 1)
     token, conf = _greedy(mtp_logits(cfg, params, out[idx]))
     drafts = jnp.zeros((n_rows, num_drafts), jnp.int32).at[:, 0].set(token)
@@ -138,4 +141,4 @@ def _feed_and_draft(cfg, params, state, hidden, next_tokens, fb, page_size, draf
 
     steps = jnp.max(jnp.where(draft_valid, depth, 1))
     drafts, confs, _, _, st = jax.lax.fori_loop(1, steps, one_more, (drafts, confs, out[idx], token, st))
-    return drafts, confs, {**state, "mtp": [st], "mtp_fed": fed_state}
+    return drafts, confs, {"mtp": [st], "mtp_fed": fed_state}
