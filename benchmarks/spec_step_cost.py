@@ -1,0 +1,56 @@
+"""Device time per step of the speculating program by draft depth and sampling-grid width, beside
+the plain program, at a few step shapes (what confidence scheduling's cost model is built from).
+
+    python benchmarks/spec_step_cost.py [--rounds 4]
+
+The bundled model, engines shaped as spec_decode.py's at c = 16 (16 slots, 256-token steps):
+k = 0 and k = 5 with mtp_varlen. Each figure is runtime/warmup.time_step (a padding-only plan, one
+row made to sample), the fastest of 5 x --rounds, the settings interleaved so noise hits all alike.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+from deepinfer.default_model import default_model_dir  # noqa: E402
+from deepinfer.engine_config import EngineConfig  # noqa: E402
+from deepinfer.models.deepseek_v4.loader import load_checkpoint  # noqa: E402
+from deepinfer.runtime.engine import LLMEngine  # noqa: E402
+from deepinfer.runtime.warmup import time_step  # noqa: E402
+
+SHAPES = [(16, 4), (16, 16), (32, 16), (64, 16)]  # (tokens, rows)
+SETTINGS = {0: [(1, 1)], 5: [(0, 1), (1, 1), (3, 1), (5, 1), (1, 2), (1, 4), (1, 6)]}  # k: (depth, width)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--rounds", type=int, default=4)
+    args = ap.parse_args()
+    cfg, params = load_checkpoint(default_model_dir())
+    engines = {}
+    for k in SETTINGS:
+        spec = {"method": "mtp", "num_speculative_tokens": k} if k else None
+        ec = EngineConfig(max_num_seqs=16, max_num_batched_tokens=256, max_model_len=512, speculative_config=spec,
+                          mtp_varlen=bool(k))
+        engines[k] = LLMEngine(cfg, params, ec)
+    runs = [(k, e, s, d, w) for k, e in engines.items() for s in e.bucket_shapes()
+            if (s.num_tokens, s.num_rows) in SHAPES for d, w in SETTINGS[k]]
+    for k, e, s, d, w in runs:  # compile
+        time_step(e, s, d, w, 1)
+    best = {}
+    for _ in range(args.rounds):
+        for k, e, s, d, w in runs:
+            key = (s.num_tokens, s.num_rows, k, d, w)
+            best[key] = min(best.get(key, float("inf")), time_step(e, s, d, w, 5))
+    print(f"{'tokens':>6} {'rows':>4} {'k':>2} {'depth':>5} {'width':>5} {'ms':>7}")
+    for (t, r, k, d, w), v in sorted(best.items()):
+        print(f"{t:>6} {r:>4} {k:>2} {d if k else '-':>5} {w:>5} {1e3 * v:>7.2f}")
+
+
+if __name__ == "__main__":
+    main()
