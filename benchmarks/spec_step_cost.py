@@ -5,7 +5,8 @@ the plain program, at a few step shapes (what confidence scheduling's cost model
 
 The bundled model, engines shaped as spec_decode.py's at c = 16 (16 slots, 256-token steps):
 k = 0 and k = 5 with mtp_varlen. Each figure is runtime/warmup.time_step (a padding-only plan, one
-row made to sample), the fastest of 5 x --rounds, the settings interleaved so noise hits all alike.
+row made to sample; 5 steps dispatched back to back, the mean per step), the fastest of --rounds,
+the settings interleaved so noise hits all alike.
 """
 
 from __future__ import annotations

@@ -124,7 +124,7 @@ class LLMEngine:
         self.step_timer = StepTimer() if config.measure_device else None
         self.grammar = grammar
         self.bitmask_words = bitmask_words(cfg.vocab_size)
-        self._unconstrained: dict[int, jax.Array] = {}  # row bucket -> an all-ones bitmask on the device
+        self._unconstrained: dict[tuple[int, int], jax.Array] = {}  # (rows, drafts) -> all-ones bitmask
         self.mask_fill_s = 0.0  # host time spent filling grammar masks (all steps)
         self.last_mask_fill_s = 0.0
         c = self.capacity
@@ -206,13 +206,14 @@ class LLMEngine:
     # -- stepping -----------------------------------------------------------------
 
     def _shape_for(self, plan: StepPlan) -> PlanShape:
-        return PlanShape(
-            pick_bucket(max(plan.num_tokens, 1), self.token_buckets),
-            pick_bucket(max(len(plan.scheduled), 1), self.row_buckets),
-            self.max_pages,
-            self.num_drafts,
-            self.num_drafts > 0 and self.config.mtp_varlen,
-        )
+        t = pick_bucket(max(plan.num_tokens, 1), self.token_buckets)
+        r = pick_bucket(max(len(plan.scheduled), 1), self.row_buckets)
+        varlen = self.num_drafts > 0 and self.config.mtp_varlen
+        if varlen and not plan.drafts and not any(plan.draft_depth.values()):
+            # confidence scheduling skipped the drafter and verifies nothing: the plain program does
+            # what the speculating one would (drafter state untouched) and costs a plain step
+            return PlanShape(t, r, self.max_pages)
+        return PlanShape(t, r, self.max_pages, self.num_drafts, varlen)
 
     def _run(self, plan: StepPlan, shape: PlanShape):
         """Dispatch one step (asynchronous: returns device arrays)."""
@@ -253,7 +254,11 @@ class LLMEngine:
         # start the device-to-host copies of what will be read now, not when the host asks
         logprobs = out.logprobs if wants_lp else None
         prompt_logprobs = out.prompt_logprobs if wants_plp else None
-        drafts = (out.num_emitted, out.drafts, out.draft_confidence) if self.num_drafts else None
+        # a step that verifies nothing and drafts nothing (the drafter skipped) has nothing more to read
+        drafting = bool(plan.drafts) or any(plan.draft_depth.get(r.request_id, shape.num_drafts) for r, _ in plan.scheduled)
+        drafts = (out.num_emitted, out.drafts, out.draft_confidence) if self.num_drafts and drafting else None
+        plan.cost_key = (shape.num_tokens, shape.num_rows, max(plan.draft_depth.values(), default=shape.num_drafts),
+                         1 + max(map(len, plan.drafts.values()), default=0))
         for a in (out.tokens, *(drafts or ()), *(logprobs or ()), *(prompt_logprobs or ())):
             a.copy_to_host_async()
         if self.step_timer is not None:
@@ -268,10 +273,10 @@ class LLMEngine:
         self.mask_fill_s += self.last_mask_fill_s
         if mask is not None:
             return jnp.asarray(mask)
-        if shape.num_rows not in self._unconstrained:
-            self._unconstrained[shape.num_rows] = jnp.full(
-                (shape.num_rows, shape.num_drafts + 1, self.bitmask_words), -1, jnp.int32)
-        return self._unconstrained[shape.num_rows]
+        key = (shape.num_rows, shape.num_drafts)  # (confidence scheduling runs plain steps too)
+        if key not in self._unconstrained:
+            self._unconstrained[key] = jnp.full((shape.num_rows, shape.num_drafts + 1, self.bitmask_words), -1, jnp.int32)
+        return self._unconstrained[key]
 
     def _apply_cache_ops(self, plan: StepPlan) -> None:
         """The plan's prefix-cache operations (snapshots, restores, page copies), dispatched before its step."""
@@ -339,8 +344,14 @@ class LLMEngine:
             raise StepFailed(exc, self._recover(plans, exc)) from exc
         if self.config.check_invariants:
             self.scheduler.check_invariant()
-        self.last_host_s = time.perf_counter() - t_start - self.last_wait_s
+        now = time.perf_counter()
+        self.last_host_s = now - t_start - self.last_wait_s
         self.host_s += self.last_host_s
+        read = prev if self.overlap else dispatched
+        if read is not None and read[0].cost_key and plan.scheduled and hasattr(self.scheduler.step_cost, "observe"):
+            # a busy loop's step() lasts one step of the loop (with overlap: while the step read here
+            # finishes): what confidence scheduling should price that step's kind at (step_cost.py)
+            self.scheduler.step_cost.observe(read[0].cost_key, now - t_start)
         # (a step read now is progress: a request waiting for it is planned next time)
         if dispatched is None and self._inflight is None and prev is None and self.scheduler.has_unfinished:
             raise RuntimeError("scheduler made no progress: a request cannot fit the KV pools")
@@ -352,9 +363,11 @@ class LLMEngine:
         return recovery.isolate(self, plans, exc)
 
     def bucket_shapes(self) -> list[PlanShape]:
-        """Every step shape the engine can run: (token bucket, row bucket) pairs with rows <= tokens."""
+        """Every step shape the engine can run: (token bucket, row bucket) pairs with rows <= tokens
+        (with confidence scheduling, each also without speculation: the steps that skip it)."""
         varlen = self.num_drafts > 0 and self.config.mtp_varlen
-        return [PlanShape(t, r, self.max_pages, self.num_drafts, varlen) for t in self.token_buckets
+        kinds = [(self.num_drafts, varlen)] + ([(0, False)] if varlen else [])  # varlen: plain steps too
+        return [PlanShape(t, r, self.max_pages, k, v) for k, v in kinds for t in self.token_buckets
                 for r in self.row_buckets if r <= t]
 
     def warmup(self, progress=None) -> int:

@@ -33,6 +33,8 @@ def read_step(engine, plan: StepPlan, tokens: jax.Array, logits: jax.Array, logp
             if new_drafts is not None:
                 depth = plan.draft_depth.get(req.request_id, new_drafts.shape[1])
                 req.drafts, req.draft_confidence = new_drafts[i, :depth].tolist(), confidence[i, :depth].tolist()
+            elif engine.num_drafts:  # the drafter was skipped: no drafts for the next step
+                req.drafts, req.draft_confidence = [], []
             if kept is not None:
                 req.logits.extend(kept[i, :n])
             k = req.sampling_params.logprobs

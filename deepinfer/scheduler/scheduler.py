@@ -100,7 +100,8 @@ class Scheduler:
         self._arrivals = 0
         self.num_preemptions = 0
         self.spec_stats = SpecStats()
-        # seconds per step by (tokens, rows, draft depth), measured by the engine at warm-up; with it,
+        # seconds per step by (tokens, rows, draft depth, grid width), measured by the engine at warm-up
+        # and refined in the loop (step_cost.StepCostModel); with it,
         # drafts are confidence-scheduled (speculation.plan_speculation), without it every eligible
         # row verifies k
         self.step_cost = None
@@ -155,8 +156,10 @@ class Scheduler:
             cap = num_drafts_for(r, limit, budget, self.config.max_model_len, limit, decoding=True)
             if cap:
                 steady.append((r, cap))
+        # the engine's model (step_cost.py) prices tokens by bucket: the planner asks only at bucket edges
+        buckets = getattr(self.step_cost, "token_buckets", None)
         return plan_speculation(cands, base, max(len(self.running), 1), steady, self.step_cost,
-                                self.spec_stats.position_rates(), limit)
+                                self.spec_stats.position_rates(), limit, buckets)
 
     def schedule(self) -> StepPlan:
         plan = StepPlan()

@@ -24,7 +24,7 @@ drafter's own probabilities of the drafts up to it (one step old: they come with
 drafts). ``plan_drafts`` then picks, over the whole step, the draft tokens to verify so
 that expected progress per second is highest under the step-cost model the engine
 measured at warm-up (seconds per step by tokens, rows, draft depth and the sampling grid's
-width). When steps are compute-bound (many rows), adding tokens costs time and little or
+width) and refines with each step's duration in the loop (step_cost.py). When steps are compute-bound (many rows), adding tokens costs time and little or
 nothing is verified. The drafter's depth is chosen with it (``plan_speculation``), down to 0:
 at high load the drafter is skipped, feeding included, and a step costs a plain one.
 """
@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from deepinfer.scheduler.request import Request
+from deepinfer.scheduler.step_cost import bucket_of
 
 MAX_DRAFT_TOKENS = 5  # the product's cap (DEEPINFER_USE_NEXTN_DECODE <= 5)
 
@@ -105,17 +106,20 @@ class SpecStats:
 
 
 def plan_drafts(cands: list[tuple[Request, int]], base_tokens: int, rows: int,
-                step_cost: Callable[[int, int, int], float], prior: list[float] | None = None) -> dict[str, int]:
+                step_cost: Callable[[int, int, int], float], prior: list[float] | None = None,
+                token_buckets: tuple[int, ...] | None = None) -> dict[str, int]:
     """Drafts to verify per request id. cands: (request, most drafts it may verify); base_tokens /
     rows: the step's work without drafts. Maximises (base_tokens + expected accepted drafts) /
     step_cost(base_tokens + drafts, rows, width), width being 1 + the most drafts one row verifies
     (the sampling grid's); a request's chosen drafts are always its first ones. A draft's
     confidence is the request's last read one (one step old with overlap); ``prior`` per
-    position where it has none (its first drafts, not read yet)."""
-    return _best(cands, base_tokens, rows, step_cost, prior)[0]
+    position where it has none (its first drafts, not read yet). ``token_buckets``: step_cost
+    depends on tokens only through these (so it is asked only where its answer can change)."""
+    return _best(cands, base_tokens, rows, step_cost, prior, token_buckets=token_buckets)[0]
 
 
-def _best(cands, base_tokens: int, rows: int, step_cost, prior, prior_only: bool = False) -> tuple[dict[str, int], float]:
+def _best(cands, base_tokens: int, rows: int, step_cost, prior, prior_only: bool = False,
+          token_buckets: tuple[int, ...] | None = None) -> tuple[dict[str, int], float]:
     """plan_drafts' choice and its value (expected tokens per second); ``prior_only``: every
     request's chances are the prior's (the measured acceptance by position)."""
     gains = []
@@ -132,6 +136,12 @@ def _best(cands, base_tokens: int, rows: int, step_cost, prior, prior_only: bool
     for m, (gain, neg_i, _) in enumerate(gains, 1):
         expected += gain
         width = max(width, 2 - neg_i)  # this draft is its request's position -neg_i (from 0)
+        if token_buckets is not None and m < len(gains) and gains[m][0] > 0:
+            # one more draft that earns something at the same cost (same bucket, same width) is
+            # better than this plan: the step cost is asked only where it may change (host time)
+            if max(width, 2 - gains[m][1]) == width and (bucket_of(base_tokens + m, token_buckets)
+                                                         == bucket_of(base_tokens + m + 1, token_buckets)):
+                continue
         value = (base_tokens + expected) / step_cost(base_tokens + m, rows, width)
         if value > best:
             best, best_m = value, m
@@ -140,7 +150,8 @@ def _best(cands, base_tokens: int, rows: int, step_cost, prior, prior_only: bool
 
 def plan_speculation(cands: list[tuple[Request, int, int]], base_tokens: int, rows: int,
                      steady: list[tuple[Request, int]], step_cost: Callable[[int, int, int, int], float],
-                     prior: list[float] | None, max_depth: int) -> tuple[dict[str, int], int]:
+                     prior: list[float] | None, max_depth: int,
+                     token_buckets: tuple[int, ...] | None = None) -> tuple[dict[str, int], int]:
     """Confidence scheduling of one step -> (drafts to verify per request id, draft depth).
 
     cands: (request, most drafts it may verify now by its limits, drafts it has now); steady:
@@ -158,9 +169,33 @@ def plan_speculation(cands: list[tuple[Request, int, int]], base_tokens: int, ro
         return lambda n, r, w: step_cost(n, r, depth, w)
 
     n = max(len(steady), 1)
-    values = {d: _best([(req, min(cap, d)) for req, cap in steady], n, n, at(d), prior, True)[1]
+    caps = [cap for _, cap in steady]
+    values = {d: _steady_value([min(cap, d) for cap in caps], n, at(d), prior, token_buckets)
               for d in range(0, max_depth + 1)}
     depth = max(values, key=lambda d: (values[d], -d))
     # drafts already made are verified if they pay, whatever the depth for the next step
     return plan_drafts([(req, min(cap, have)) for req, cap, have in cands], base_tokens, rows, at(depth),
-                       prior), depth
+                       prior, token_buckets), depth
+
+
+def _steady_value(caps: list[int], n: int, step_cost, prior: list[float] | None,
+                  token_buckets: tuple[int, ...] | None) -> float:
+    """The value ``_best`` finds for n decoding requests verifying up to caps[j] drafts each at the
+    prior's chances (expected tokens per second), without ranking every draft: all requests'
+    drafts at one position are alike, and positions come in order (survival never grows), so the
+    drafts taken are whole positions and part of the next; within a position the cost changes only
+    at token-bucket edges (``token_buckets``; None: at every count), where the value is checked."""
+    best = n / step_cost(n, n, 1)
+    expected, taken, survival = 0.0, 0, 1.0
+    for i in range(max(caps, default=0)):
+        count = sum(1 for c in caps if c > i)
+        survival *= min(max(float((prior or [0.5] * (i + 1))[i]), 0.0), 1.0)
+        if token_buckets is None:
+            ends = range(taken + 1, taken + count + 1)
+        else:
+            ends = sorted({taken + count} | {b - n for b in token_buckets if taken < b - n < taken + count})
+        for end in ends:  # the first `end` drafts: whole positions, then part of position i
+            best = max(best, (n + expected + (end - taken) * survival) / step_cost(n + end, n, i + 2))
+        expected += count * survival
+        taken += count
+    return best

@@ -30,6 +30,9 @@ class StepPlan:
     follows: set[str] = field(default_factory=set)
     draft_depth: dict[str, int] = field(default_factory=dict)  # drafts to make for the next step (default: k)
     cache: prefix_steps.CacheOps = field(default_factory=prefix_steps.CacheOps)  # run before the step
+    # (token bucket, row bucket, draft depth, grid width) of the step as dispatched: the key its
+    # measured duration refines the step-cost model under (step_cost.py)
+    cost_key: tuple[int, int, int, int] | None = None
 
     @property
     def num_tokens(self) -> int:
