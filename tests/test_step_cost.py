@@ -133,7 +133,7 @@ def test_the_steady_state_value_is_the_ranked_plans_value():
             t = next((x for x in TOKENS if tokens <= x), TOKENS[-1])
             return 1.0 + a * t + b * rows + c * width
 
-        ranked = _best(steady, n, n, cost, prior, True)[1]
+        ranked = _best(steady, n, n, cost, prior)[1]  # no confidences of their own: the prior's chances
         caps = [cap for _, cap in steady]
         assert abs(_steady_value(caps, n, cost, prior, None) - ranked) < 1e-12, case
         assert abs(_steady_value(caps, n, cost, prior, TOKENS) - ranked) < 1e-12, case

@@ -50,7 +50,8 @@ from deepinfer.runtime.paged_step import (
 from deepinfer.runtime.prefix_runtime import PrefixRuntime, cache_settings
 from deepinfer.runtime.step_results import read_step
 from deepinfer.runtime.step_timer import StepTimer
-from deepinfer.scheduler.plan import PlanShape, pack, pick_bucket
+from deepinfer.scheduler.buckets import pick_bucket
+from deepinfer.scheduler.plan import PlanShape, pack
 from deepinfer.scheduler.request import Request
 from deepinfer.scheduler.sampling_params import MAX_BIAS_SLOTS, SamplingParams
 from deepinfer.scheduler.scheduler import Scheduler, SchedulerConfig, StepPlan
@@ -254,9 +255,8 @@ class LLMEngine:
         # start the device-to-host copies of what will be read now, not when the host asks
         logprobs = out.logprobs if wants_lp else None
         prompt_logprobs = out.prompt_logprobs if wants_plp else None
-        # a step that verifies nothing and drafts nothing (the drafter skipped) has nothing more to read
-        drafting = bool(plan.drafts) or any(plan.draft_depth.get(r.request_id, shape.num_drafts) for r, _ in plan.scheduled)
-        drafts = (out.num_emitted, out.drafts, out.draft_confidence) if self.num_drafts and drafting else None
+        # the plain program (a step that neither verifies nor drafts, _shape_for) has no drafts to read
+        drafts = (out.num_emitted, out.drafts, out.draft_confidence) if shape.num_drafts else None
         plan.cost_key = (shape.num_tokens, shape.num_rows, max(plan.draft_depth.values(), default=shape.num_drafts),
                          1 + max(map(len, plan.drafts.values()), default=0))
         for a in (out.tokens, *(drafts or ()), *(logprobs or ()), *(prompt_logprobs or ())):

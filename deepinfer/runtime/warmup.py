@@ -29,15 +29,16 @@ def warm_up(engine, progress=None) -> int:
         if engine.config.warm_structured and engine.grammar is not None and engine.overlap:
             # the two halves of a constrained step (otherwise compiled on first use)
             engine._run_sample(StepPlan(), shape, engine._run_forward(StepPlan(), shape))
-        key = (shape.num_tokens, shape.num_rows)
-        if engine.num_drafts and engine.config.mtp_varlen and not shape.num_drafts:
-            # depth 0 verifying nothing runs the plain program (engine._shape_for)
-            costs[key + ("depth", 0)] = time_step(engine, shape, 0)
-        elif engine.num_drafts and engine.config.mtp_varlen:  # the step-cost model of confidence scheduling
-            for depth in range(1, engine.num_drafts + 1):
-                costs[key + ("depth", depth)] = time_step(engine, shape, depth)
-            for width in range(2, engine.num_drafts + 2):  # what a wider sampling grid adds
-                costs[key + ("width", width)] = max(0.0, time_step(engine, shape, 1, width) - costs[key + ("depth", 1)])
+        if engine.num_drafts and engine.config.mtp_varlen:  # the step-cost model of confidence scheduling
+            key = (shape.num_tokens, shape.num_rows)
+            if not shape.num_drafts:  # depth 0 verifying nothing runs the plain program (engine._shape_for)
+                costs[key + ("depth", 0)] = time_step(engine, shape, 0)
+            else:
+                for depth in range(1, engine.num_drafts + 1):
+                    costs[key + ("depth", depth)] = time_step(engine, shape, depth)
+                for width in range(2, engine.num_drafts + 2):  # what a wider sampling grid adds
+                    costs[key + ("width", width)] = max(0.0, time_step(engine, shape, 1, width)
+                                                        - costs[key + ("depth", 1)])
         if progress is not None:
             progress(1)
     if costs:

@@ -46,13 +46,6 @@ def row_field_at(shape: "PlanShape", name: str) -> int:
     return len(INT_FIELDS_T) * shape.num_tokens + INT_FIELDS_R.index(name) * shape.num_rows
 
 
-def pick_bucket(n: int, buckets: tuple[int, ...]) -> int:
-    for b in buckets:
-        if n <= b:
-            return b
-    raise ValueError(f"{n} exceeds the largest bucket {buckets[-1]}")
-
-
 @dataclass(frozen=True)
 class PlanShape:
     """Static shape of a packed plan (what the device step is compiled for)."""

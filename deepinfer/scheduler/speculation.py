@@ -24,8 +24,8 @@ drafter's own probabilities of the drafts up to it (one step old: they come with
 drafts). ``plan_drafts`` then picks, over the whole step, the draft tokens to verify so
 that expected progress per second is highest under the step-cost model the engine
 measured at warm-up (seconds per step by tokens, rows, draft depth and the sampling grid's
-width) and refines with each step's duration in the loop (step_cost.py). When steps are compute-bound (many rows), adding tokens costs time and little or
-nothing is verified. The drafter's depth is chosen with it (``plan_speculation``), down to 0:
+width) and refines with each step's duration in the loop (step_cost.py). When steps are
+compute-bound (many rows), adding tokens costs time and little or nothing is verified. The drafter's depth is chosen with it (``plan_speculation``), down to 0:
 at high load the drafter is skipped, feeding included, and a step costs a plain one.
 """
 
@@ -35,8 +35,8 @@ import collections
 from dataclasses import dataclass, field
 from typing import Callable
 
+from deepinfer.scheduler.buckets import bucket_of
 from deepinfer.scheduler.request import Request
-from deepinfer.scheduler.step_cost import bucket_of
 
 MAX_DRAFT_TOKENS = 5  # the product's cap (DEEPINFER_USE_NEXTN_DECODE <= 5)
 
@@ -115,18 +115,17 @@ def plan_drafts(cands: list[tuple[Request, int]], base_tokens: int, rows: int,
     confidence is the request's last read one (one step old with overlap); ``prior`` per
     position where it has none (its first drafts, not read yet). ``token_buckets``: step_cost
     depends on tokens only through these (so it is asked only where its answer can change)."""
-    return _best(cands, base_tokens, rows, step_cost, prior, token_buckets=token_buckets)[0]
+    return _best(cands, base_tokens, rows, step_cost, prior, token_buckets)[0]
 
 
-def _best(cands, base_tokens: int, rows: int, step_cost, prior, prior_only: bool = False,
+def _best(cands, base_tokens: int, rows: int, step_cost, prior,
           token_buckets: tuple[int, ...] | None = None) -> tuple[dict[str, int], float]:
-    """plan_drafts' choice and its value (expected tokens per second); ``prior_only``: every
-    request's chances are the prior's (the measured acceptance by position)."""
+    """plan_drafts' choice and its value (expected tokens per second)."""
     gains = []
     for req, cap in cands:
         survival = 1.0
         for i in range(cap):
-            own = not prior_only and i < len(req.draft_confidence)
+            own = i < len(req.draft_confidence)
             conf = req.draft_confidence[i] if own else (prior or [0.5] * (i + 1))[i]
             survival *= min(max(float(conf), 0.0), 1.0)
             gains.append((survival, -i, req.request_id))
@@ -181,7 +180,7 @@ def plan_speculation(cands: list[tuple[Request, int, int]], base_tokens: int, ro
 def _steady_value(caps: list[int], n: int, step_cost, prior: list[float] | None,
                   token_buckets: tuple[int, ...] | None) -> float:
     """The value ``_best`` finds for n decoding requests verifying up to caps[j] drafts each at the
-    prior's chances (expected tokens per second), without ranking every draft: all requests'
+    prior's chances (requests without confidences of their own) (expected tokens per second), without ranking every draft: all requests'
     drafts at one position are alike, and positions come in order (survival never grows), so the
     drafts taken are whole positions and part of the next; within a position the cost changes only
     at token-bucket edges (``token_buckets``; None: at every count), where the value is checked."""

@@ -18,16 +18,10 @@ from __future__ import annotations
 
 import statistics
 
+from deepinfer.scheduler.buckets import bucket_of
+
 MIN_OBSERVATIONS = 3  # seen this often, a key's own mean replaces the scaled warm-up figure
 SMOOTHING = 0.2  # weight of a new observation in a key's running mean
-
-
-def bucket_of(n: int, buckets: tuple[int, ...]) -> int:
-    """The smallest bucket holding n, the largest one past them all (the planner may ask beyond)."""
-    for b in buckets:
-        if n <= b:
-            return b
-    return buckets[-1]
 
 
 class StepCostModel:
@@ -45,8 +39,8 @@ class StepCostModel:
         self._scale = {False: 1.0, True: 1.0}  # scale(kind) as of the last observation (recomputed only then)
 
     def key(self, n_tokens: int, n_rows: int, depth: int, width: int = 1) -> tuple[int, int, int, int]:
-        t = bucket_of(max(n_tokens, 1), self.token_buckets)
-        r = bucket_of(max(min(n_rows, t), 1), self.row_buckets)
+        t = bucket_of(n_tokens, self.token_buckets)
+        r = bucket_of(min(n_rows, t), self.row_buckets)
         return t, r, depth, max(width, 1)
 
     def warm_estimate(self, key: tuple[int, int, int, int]) -> float:
