@@ -14,6 +14,8 @@ import os
 from dataclasses import dataclass
 from typing import Any, Mapping
 
+from pallas_kernels.selection import KernelChoice
+
 SLIDING = "sliding_attention"
 CSA = "compressed_sparse_attention"
 HCA = "heavily_compressed_attention"
@@ -98,6 +100,9 @@ class ModelConfig:
     # token's result in an order that does not depend on the rest of the batch. Set by the
     # engine (EngineConfig.batch_invariant / DEEPINFER_BATCH_INVARIANT=1); never read from JSON.
     batch_invariant: bool = False
+    # Which implementation each kernel op runs (Pallas kernel or pure-JAX reference; pallas_kernels/
+    # selection.py), static for the same reason; set by the engine from the platform and DEEPINFER_KERNELS.
+    kernels: KernelChoice = KernelChoice()
 
     # -- derived facts -----------------------------------------------------
 

@@ -26,6 +26,7 @@ from deepinfer.model_loading import load_model
 from deepinfer.models.deepseek_v4 import model_spec
 from deepinfer.params import init_params
 from deepinfer.runtime.engine import LLMEngine
+from deepinfer.runtime.platform import select_platform
 from deepinfer.scheduler.sampling_params import SamplingParams
 from deepinfer.text.output import ChoiceOutput, take_new
 from deepinfer.text.tokenizer import TextTokenizer
@@ -65,6 +66,8 @@ class LLM:
         warmup: bool = True,
         quantized_weights: str = "dequantize",
         show_progress: bool = True,
+        platform: str | None = None,
+        pjrt_plugin: str | None = None,
         **engine_kwargs: Any,
     ):
         """model: a checkpoint directory, a config.json (random weights from ``seed``), or a
@@ -74,9 +77,14 @@ class LLM:
         ``quantized_weights``: "dequantize" FP8 / FP4 weights to ``dtype`` at load, or "keep"
         them quantized in memory (dequantized inside each matmul). ``show_progress``: a
         loading bar (bytes and tensors). ``engine_kwargs`` go to EngineConfig
-        (max_num_seqs, max_num_batched_tokens, max_model_len, kv_memory_bytes, speculative_config, ...)."""
+        (max_num_seqs, max_num_batched_tokens, max_model_len, kv_memory_bytes, speculative_config, ...).
+        ``platform``: the devices to run on ("cpu", "gpu", or a PJRT plugin platform such as "npu";
+        default DEEPINFER_PLATFORM, else JAX's choice), with ``pjrt_plugin`` the plugin's library
+        (default DEEPINFER_PJRT_PLUGIN); chosen before anything loads (runtime/platform.py)."""
         model = default_model_dir() if model is None else model
         config = EngineConfig(**engine_kwargs)  # bad settings are refused before anything loads
+        select_platform(platform or os.environ.get("DEEPINFER_PLATFORM"),
+                        pjrt_plugin or os.environ.get("DEEPINFER_PJRT_PLUGIN"))
         speculating = config.num_speculative_tokens() > 0  # the MTP block is loaded only to draft
         self.tokenizer: TextTokenizer | None = None
         model_dir = None

@@ -114,6 +114,10 @@ class ModelFamily(Protocol):
     # Needs an init_state built with layout.draft.
     draft_forward: Optional[Callable]
 
+    # Optional, for families with Pallas kernel ops (pallas_kernels/):
+    #   with_kernels(cfg, layout, max_pages, dtype, platform) -> cfg with the implementation of each op
+    #   chosen for the platform in use (kernel or reference; logged). Without it the model runs as it is.
+
     def check_draft(self, cfg, params: dict) -> None:
         """Raise ValueError naming what is missing when this config / these weights cannot draft."""
 

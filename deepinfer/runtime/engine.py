@@ -47,6 +47,7 @@ from deepinfer.runtime.paged_step import (
     paged_sample_jit,
     paged_step_jit,
 )
+from deepinfer.runtime.platform import platform_in_use, require_feature
 from deepinfer.runtime.prefix_runtime import PrefixRuntime, cache_settings
 from deepinfer.runtime.step_results import read_step
 from deepinfer.runtime.step_timer import StepTimer
@@ -73,7 +74,9 @@ class LLMEngine:
         """``family``: the model implementation (models/interface.py); by default the registry's for cfg.
         ``grammar``: the compiler of structured outputs (needs the model's tokenizer); None: refused."""
         config = config or EngineConfig()
+        platform = platform_in_use()
         if config.batch_invariant:
+            require_feature("batch-invariant mode", platform)
             check_xla(jax.default_backend())
         if config.batch_invariant != cfg.batch_invariant:
             cfg = cfg.replace(batch_invariant=config.batch_invariant)
@@ -110,6 +113,9 @@ class LLMEngine:
         )
         self.token_buckets, self.row_buckets = config.buckets()
         self.max_pages = tuple(-(-(config.max_model_len // p.ratio) // p.page_size) for p in self.pools)
+        if hasattr(self.family, "with_kernels"):  # Pallas kernel or reference per op, for this platform
+            self.cfg = cfg = self.family.with_kernels(cfg, self.layout, max(self.max_pages, default=1), self.dtype,
+                                                      platform)
         self.state = init_engine_state(self.family, cfg, self.layout, self.dtype)
         self.prefix = PrefixRuntime(self, prefix) if prefix is not None else None
         self.compiled_shapes: set[PlanShape] = set()

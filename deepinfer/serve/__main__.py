@@ -75,6 +75,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--compile-cache", default=os.environ.get("DEEPINFER_COMPILE_CACHE", "auto"),
                    help="JAX persistent compilation cache folder ('auto': <DEEPINFER_CACHE or ~/.cache/deepinfer>/jax; "
                    "'off' to disable); a warm cache makes restarts skip compilation")
+    p.add_argument("--platform", default=os.environ.get("DEEPINFER_PLATFORM"),
+                   help="devices to run on: cpu, gpu, or a PJRT plugin platform such as npu (Ascend; "
+                   "docs/platforms.md); default: JAX's choice")
+    p.add_argument("--pjrt-plugin", default=os.environ.get("DEEPINFER_PJRT_PLUGIN"),
+                   help="the PJRT plugin library (.so) to register under --platform, when no installed JAX "
+                   "plugin provides it")
     p.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
     p.add_argument("--ui", action=argparse.BooleanOptionalAction, default=None,
                    help="serve a web page at / (chat playground + live engine dashboard); default: on when "
@@ -238,12 +244,14 @@ def main(argv: list[str] | None = None) -> int:
 
     import uvicorn
 
+    from deepinfer.runtime.platform import select_platform
     from deepinfer.serve.api import build_app
     from deepinfer.serve.shutdown import FLUSH_S, DrainingServer
 
     try:
+        select_platform(args.platform, args.pjrt_plugin)  # before anything touches a device
         state = build_state(args)
-    except (OSError, ValueError) as e:
+    except (OSError, ValueError, RuntimeError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
 

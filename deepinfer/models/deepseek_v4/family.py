@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from deepinfer.models.deepseek_v4 import paged_mtp, state
+from deepinfer.models.deepseek_v4 import kernel_setup, paged_mtp, state
 from deepinfer.models.deepseek_v4.model import forward
 from deepinfer.models.deepseek_v4.paged_forward import logits, paged_forward
 from deepinfer.models.deepseek_v4.param_tree import model_spec
@@ -40,6 +40,10 @@ class DeepSeekV4:
         """The MTP block (paged_mtp.py); needs params with "mtp" and a state built with layout.draft."""
         return paged_mtp.draft_forward(cfg, params, model_state, hidden, next_tokens, batch, page_size, draft_from,
                                        draft_valid, num_drafts, depth)
+
+    def with_kernels(self, cfg, layout, max_pages, dtype, platform):
+        """cfg with each op's Pallas kernel or reference chosen for the platform (kernel_setup.py)."""
+        return kernel_setup.kernels_for(cfg, layout, max_pages, dtype, platform)
 
     def replay_horizon(self, cfg, layout):
         return state.replay_horizon(cfg, layout)

@@ -23,12 +23,21 @@ def index_queries(cfg: ModelConfig, p: dict, q_latent: jax.Array, cos: jax.Array
     return apply_rope(q, cos, sin)
 
 
+def head_weights(cfg: ModelConfig, p: dict, x: jax.Array) -> jax.Array:
+    """x [..., D] -> each indexer head's weight [..., IH] (fp32)."""
+    return linear(x, p["weights_proj"]).astype(jnp.float32) * cfg.index_n_heads**-0.5
+
+
+def scores_from(q: jax.Array, keys: jax.Array, head_w: jax.Array) -> jax.Array:
+    """q [B, S, IH, ID], keys [B, T, ID], head_w [B, S, IH] -> scores [B, S, T] (fp32)."""
+    dots = jnp.einsum("bshd,btd->bsht", q.astype(jnp.float32), keys.astype(jnp.float32))
+    dots = jax.nn.relu(dots) * q.shape[-1] ** -0.5
+    return jnp.einsum("bsht,bsh->bst", dots, head_w)
+
+
 def index_scores(cfg: ModelConfig, p: dict, x: jax.Array, q: jax.Array, keys: jax.Array) -> jax.Array:
     """x [B, S, D], q [B, S, IH, ID], keys [B, T, ID] -> scores [B, S, T] (fp32)."""
-    dots = jnp.einsum("bshd,btd->bsht", q.astype(jnp.float32), keys.astype(jnp.float32))
-    dots = jax.nn.relu(dots) * cfg.index_head_dim**-0.5
-    head_w = linear(x, p["weights_proj"]).astype(jnp.float32) * cfg.index_n_heads**-0.5
-    return jnp.einsum("bsht,bsh->bst", dots, head_w)
+    return scores_from(q, keys, head_weights(cfg, p, x))
 
 
 def select_top_k(scores: jax.Array, visible: jax.Array, k: int) -> jax.Array:

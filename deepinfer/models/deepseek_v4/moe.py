@@ -15,11 +15,7 @@ from jax import lax
 from deepinfer.config import HASH_MOE, ModelConfig
 from deepinfer.models.deepseek_v4.ops import linear, swiglu
 from deepinfer.numerics import fixed_sum
-
-# rows [N, in] x per-expert weights [E, out, in] grouped by expert -> [N, out]
-_GROUPED_DOT = lax.RaggedDotDimensionNumbers(
-    dot_dimension_numbers=(([1], [2]), ([], [])), lhs_ragged_dimensions=[0], rhs_group_dimensions=[0]
-)
+from pallas_kernels import grouped_matmul as gm
 
 
 def route(cfg: ModelConfig, p: dict, mlp_type: str, x: jax.Array, token_ids: jax.Array) -> tuple[jax.Array, jax.Array]:
@@ -42,7 +38,9 @@ def routed_experts(cfg: ModelConfig, p: dict, x: jax.Array, weights: jax.Array, 
     """Sum over each token's k experts of weight * expert(x). x [N, D] -> [N, D].
 
     Three exact formulations, chosen by backend and (static) size:
-    * accelerators: grouped matmuls over expert-sorted rows (lax.ragged_dot);
+    * accelerators, or the MoE kernel chosen (cfg.kernels, also in interpret mode on a CPU):
+      grouped matmuls over expert-sorted rows (pallas_kernels/grouped_matmul.py, the kernel
+      or its lax.ragged_dot reference);
     * CPU, few (token, expert) pairs (decode): gather just the chosen experts' weights;
     * CPU otherwise: every expert on every token, combined with zero weight for
       the unchosen. XLA's CPU ragged_dot costs ~13 ms even for 2 rows (measured
@@ -51,7 +49,7 @@ def routed_experts(cfg: ModelConfig, p: dict, x: jax.Array, weights: jax.Array, 
     block runs in fixed token tiles, every tile takes the same formulation.
     """
     n, k = experts.shape
-    if jax.default_backend() != "cpu":
+    if cfg.kernels.uses("moe") or jax.default_backend() != "cpu":
         return _grouped_experts(cfg, p, x, weights, experts)
     if n * k <= cfg.n_routed_experts:
         return _gathered_experts(cfg, p, x, weights, experts)
@@ -85,10 +83,12 @@ def _grouped_experts(cfg: ModelConfig, p: dict, x: jax.Array, weights: jax.Array
     token_of = order // k
     group_sizes = jnp.bincount(flat_experts, length=cfg.n_routed_experts).astype(jnp.int32)
     rows = x[token_of]
-    gate = lax.ragged_dot_general(rows, p["w1"].astype(x.dtype), group_sizes, _GROUPED_DOT)
-    up = lax.ragged_dot_general(rows, p["w3"].astype(x.dtype), group_sizes, _GROUPED_DOT)
-    hidden = swiglu(gate, up, cfg.swiglu_limit)
-    out = lax.ragged_dot_general(hidden, p["w2"].astype(x.dtype), group_sizes, _GROUPED_DOT)
+    kernel = cfg.kernels.uses("moe")
+    swiglu_op = gm.grouped_swiglu if kernel else gm.grouped_swiglu_ref
+    matmul_op = gm.grouped_matmul if kernel else gm.grouped_matmul_ref
+    interpret = cfg.kernels.interpret
+    hidden = swiglu_op(rows, p["w1"], p["w3"], group_sizes, limit=cfg.swiglu_limit, interpret=interpret)
+    out = matmul_op(hidden, p["w2"], group_sizes, interpret=interpret)
     out = out * weights.reshape(-1)[order][:, None].astype(out.dtype)
     return jnp.zeros_like(x).at[token_of].add(out)
 

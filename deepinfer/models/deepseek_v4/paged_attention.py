@@ -1,11 +1,13 @@
 """V4 attention over a flat token batch of many requests, reading slots and paged pools.
 
-Pure-JAX reference (a Pallas kernel will have to match it). Each token t belongs
+Each token t belongs
 to a request row; its keys are (1) the window ring of its request's slot as it
 was before the step, (2) the step's own tokens of the same request, (3) the
 compressed rows of its request, gathered through the block table after this
 step's new rows are written. Masks come from absolute positions, exactly as in
-the whole-sequence attention (attention.py).
+the whole-sequence attention (attention.py). The scoring and attention of the
+flat batch go through pallas_kernels/ (index_select, sparse_attention): the Pallas
+kernel or its pure-JAX reference, as ``cfg.kernels`` says.
 """
 
 from __future__ import annotations
@@ -21,26 +23,19 @@ from deepinfer.models.deepseek_v4.attention import (
     output_projection,
     query_and_kv,
     rope_for,
-    sink_softmax,
 )
 from deepinfer.models.deepseek_v4.compressor import project, rows_from_positions
 from deepinfer.models.deepseek_v4.rope import rope_angles
 from deepinfer.models.deepseek_v4.state import POOL_OF_LAYER
 from deepinfer.models.interface import FlatBatch
 from deepinfer.numerics import per_token
-
-
-def ring_positions(lengths: jax.Array, size: int) -> jax.Array:
-    """[B] committed lengths -> [B, size] the position each ring index holds (the latest
-    p < length with p % size == index), or -1 when the index was never filled."""
-    idx = jnp.arange(size)
-    last = lengths[:, None] - 1
-    pos = last - jnp.mod(last - idx[None, :], size)
-    return jnp.where(pos >= 0, pos, -1)
-
-
-def _take_slots(arr: jax.Array, slots: jax.Array) -> jax.Array:
-    return jnp.take(arr, slots, axis=0, mode="clip")
+from pallas_kernels.index_select import index_select, index_select_ref
+from pallas_kernels.sparse_attention import (
+    attend_parts,
+    gather_rows,
+    sparse_attention,
+    sparse_attention_ref,
+)
 
 
 def _by_position(ring: jax.Array, chunk: jax.Array, fb: FlatBatch, positions: jax.Array) -> jax.Array:
@@ -95,31 +90,6 @@ def paged_compressor(cfg, p, st, inputs: dict, fb: FlatBatch, ratio, head_dim, o
     return {"compressor": written, "rows": pool}
 
 
-def _gather_rows(pool: jax.Array, table: jax.Array) -> jax.Array:
-    """pool [pages, page_size, d], table [T, max_pages] -> each token's request rows [T, max_pages * page_size, d]."""
-    rows = jnp.take(pool, table, axis=0, mode="clip")
-    return rows.reshape(table.shape[0], -1, pool.shape[-1])
-
-
-def _attend_parts(q, parts, sink, scale):
-    """Sink softmax over several key sets. q [T, H, hd]; parts: (keys, mask, shared) with keys
-    [T, K, hd] per token or [K, hd] shared by all tokens, mask [T, K]. Returns [T, H, hd]."""
-    logits = []
-    for keys, mask, shared in parts:
-        eq = "thd,kd->thk" if shared else "thd,tkd->thk"
-        lg = jnp.einsum(eq, q.astype(jnp.float32), keys.astype(jnp.float32)) * scale
-        logits.append(jnp.where(mask[:, None, :], lg, -jnp.inf))
-    probs = sink_softmax(jnp.concatenate(logits, axis=-1), sink.astype(jnp.float32)[None, :])
-    out, at = 0.0, 0
-    for keys, _, shared in parts:
-        k = keys.shape[0] if shared else keys.shape[1]
-        pr = probs[..., at : at + k]
-        eq = "thk,kd->thd" if shared else "thk,tkd->thd"
-        out = out + jnp.einsum(eq, pr, keys.astype(jnp.float32))
-        at += k
-    return out.astype(q.dtype)
-
-
 def paged_attention(cfg: ModelConfig, p: dict, layer_type: str, st: dict, x: jax.Array, fb: FlatBatch, page_size: int):
     """x [T, D] normed -> (output [T, D], new layer state).
 
@@ -155,43 +125,73 @@ def paged_attention(cfg: ModelConfig, p: dict, layer_type: str, st: dict, x: jax
     # -- the exchange: data movement only --
     ring = st["window"]
     new_st = {"window": _write_ring(ring, a["kv"], fb)}
-    # positions before history_start were never processed into this slot (a replay from an empty state)
-    first = jnp.zeros_like(fb.positions) if fb.history_start is None else fb.history_start
-    if tiled:
-        window_pos = fb.positions[:, None] - jnp.arange(cfg.sliding_window - 1, -1, -1)[None, :]
-        own_keys = [(_by_position(ring, a["kv"], fb, jnp.maximum(window_pos, 0)), window_pos >= first[:, None])]
-        step_mask = None
-    else:
-        ring_pos = ring_positions(fb.length, ring.shape[1])
-        d = fb.positions[:, None] - ring_pos
-        own_keys = [(_take_slots(ring, fb.slot), (ring_pos >= first[:, None]) & (d >= 0) & (d < cfg.sliding_window))]
-        d2 = fb.positions[:, None] - fb.positions[None, :]
-        step_mask = (fb.row[:, None] == fb.row[None, :]) & fb.valid[None, :] & (d2 >= 0) & (d2 < cfg.sliding_window)
-    rows = visible = index_rows = None
+    table = None
     if compressed:
         table = fb.tables[POOL_OF_LAYER[layer_type]]
         new_st.update(paged_compressor(cfg, p["compressor"], st, a["main"], fb, ratio, cfg.head_dim,
                                        layer_type == CSA, page_size, table))
-        rows = _gather_rows(new_st["rows"], table)
-        visible = jnp.arange(rows.shape[1])[None, :] < ((fb.positions + 1) // ratio)[:, None]
     if layer_type == CSA:
         new_st["indexer"] = paged_compressor(cfg, p["indexer"]["compressor"], st["indexer"], a["index"], fb, ratio,
                                              cfg.index_head_dim, True, page_size, table)
-        index_rows = _gather_rows(new_st["indexer"]["rows"], table)
+    ops = cfg.kernels
+    kernels_cover = ops.uses("attention") and (layer_type != CSA or ops.uses("indexer"))
+    if tiled and not kernels_cover:
+        out = _tiled_attention(cfg, p, layer_type, ring, new_st, a, x, fb, table, ratio)
+    else:
+        out = _flat_attention(cfg, p, layer_type, ring, new_st, a, x, fb, table, ratio)
+    return out, new_st
 
-    def attend_tokens(q, positions, x, iq, own_keys, step_mask, rows, visible, index_rows):
-        parts = [(k, m, False) for k, m in own_keys]
-        if step_mask is not None:  # the step's keys, shared by every token (normal path only)
-            parts.append((a["kv"], step_mask, True))
-        if layer_type == CSA:
-            scores = indexer.index_scores(cfg, p["indexer"], x[:, None], iq[:, None], index_rows)[:, 0]
-            visible = indexer.select_top_k(scores, visible, cfg.index_topk)
-        if compressed:
-            parts.append((rows, visible, False))
-        o = _attend_parts(q, parts, p["sink"], cfg.head_dim**-0.5)
+
+def _flat_attention(cfg, p, layer_type, ring, new_st, a, x, fb: FlatBatch, table, ratio):
+    """Scoring and attention over the whole flat batch through the kernel ops (pallas_kernels/): the
+    Pallas kernels or their references, as cfg.kernels says. The references are the normal path;
+    the kernels are per-token programs, so batch-invariant mode runs them too (only the per-token
+    projections around them go in fixed tiles)."""
+    ops, tiled = cfg.kernels, cfg.batch_invariant
+    selected = None
+    if table is not None:
+        n_visible = (fb.positions + 1) // ratio
+        selected = jnp.arange(new_st["rows"].shape[1] * table.shape[1])[None, :] < n_visible[:, None]
+    if layer_type == CSA:
+        head_w = per_token(tiled, lambda x: indexer.head_weights(cfg, p["indexer"], x), x)
+        select = index_select if ops.uses("indexer") else index_select_ref
+        selected, _ = select(a["iq"], head_w, new_st["indexer"]["rows"], table, n_visible, k=cfg.index_topk,
+                             interpret=ops.interpret)
+    attend = sparse_attention if ops.uses("attention") else sparse_attention_ref
+    o = attend(a["q"], a["kv"], ring, fb, new_st.get("rows"), table, selected, p["sink"], scale=cfg.head_dim**-0.5,
+               window=cfg.sliding_window, interpret=ops.interpret)
+    rope = rope_for(cfg, layer_type)
+
+    def project_out(o, positions):
         cos, sin = rope_angles(rope, cfg.qk_rope_head_dim, positions)
         return output_projection(cfg, p, o[None], cos[None], sin[None])[0]
 
-    out = per_token(tiled, attend_tokens, a["q"], fb.positions, x, a.get("iq"), own_keys, step_mask, rows,
-                    visible, index_rows)
-    return out, new_st
+    return per_token(tiled, project_out, o, fb.positions)
+
+
+def _tiled_attention(cfg, p, layer_type, ring, new_st, a, x, fb: FlatBatch, table, ratio):
+    """Batch-invariant mode's reference: each token's window keys gathered by position into a fixed
+    [T, window] set, and scoring + attention + output projection in fixed token tiles."""
+    rope = rope_for(cfg, layer_type)
+    first = jnp.zeros_like(fb.positions) if fb.history_start is None else fb.history_start
+    window_pos = fb.positions[:, None] - jnp.arange(cfg.sliding_window - 1, -1, -1)[None, :]
+    own_keys = (_by_position(ring, a["kv"], fb, jnp.maximum(window_pos, 0)), window_pos >= first[:, None])
+    rows = visible = index_rows = None
+    if table is not None:
+        rows = gather_rows(new_st["rows"], table)
+        visible = jnp.arange(rows.shape[1])[None, :] < ((fb.positions + 1) // ratio)[:, None]
+    if layer_type == CSA:
+        index_rows = gather_rows(new_st["indexer"]["rows"], table)
+
+    def attend_tokens(q, positions, x, iq, own_keys, rows, visible, index_rows):
+        parts = [(*own_keys, False)]
+        if layer_type == CSA:
+            scores = indexer.index_scores(cfg, p["indexer"], x[:, None], iq[:, None], index_rows)[:, 0]
+            visible = indexer.select_top_k(scores, visible, cfg.index_topk)
+        if rows is not None:
+            parts.append((rows, visible, False))
+        o = attend_parts(q, parts, p["sink"], cfg.head_dim**-0.5)
+        cos, sin = rope_angles(rope, cfg.qk_rope_head_dim, positions)
+        return output_projection(cfg, p, o[None], cos[None], sin[None])[0]
+
+    return per_token(True, attend_tokens, a["q"], fb.positions, x, a.get("iq"), own_keys, rows, visible, index_rows)
