@@ -18,8 +18,8 @@ from deepinfer.runtime.batch_invariance import CPU_FLAG, check_xla
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def run_needle(*args: str) -> dict:
-    env = {**os.environ, "DEEPINFER_BATCH_INVARIANT": "1", "JAX_PLATFORMS": "cpu"}
+def run_needle(*args: str, **extra_env: str) -> dict:
+    env = {**os.environ, "DEEPINFER_BATCH_INVARIANT": "1", "JAX_PLATFORMS": "cpu", **extra_env}
     env.pop("XLA_FLAGS", None)  # the mode must set what it needs itself
     out = subprocess.run([sys.executable, "-m", "tests.needle_batch_invariance", *args],
                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=3000)
@@ -56,6 +56,16 @@ def check_needle(result: dict, trials: int) -> None:
 def test_needle_is_bitwise_identical_in_batch_invariant_mode(needle):
     assert set(needle["on"]) == {"bundled", "random0"}
     check_needle(needle, trials=2)
+
+
+def test_needle_with_the_kernels_is_bitwise_identical():
+    """DEEPINFER_KERNELS=pallas in the mode (interpret mode here): the MoE grouped-matmul kernel runs
+    (attention and the indexer stay on the references, tests/test_kernel_probe.py); the needle's
+    tokens and logprobs are still bitwise those of its alone run (22 s: one budget, one trial)."""
+    result = run_needle("--models", "bundled", "--budgets", "13", "--trials", "1", "--modes", "on",
+                        DEEPINFER_KERNELS="pallas")
+    assert set(result) == {"on"}
+    check_needle(result, trials=1)
 
 
 @pytest.mark.slow

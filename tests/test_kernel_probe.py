@@ -37,3 +37,12 @@ def test_the_engine_logs_which_kernels_run(monkeypatch, caplog):
         out = kernels_for(cfg, PagedLayout(num_slots=2, page_size=4, num_pages=()), 6, "float32", "cpu")
     assert out.kernels == KernelChoice(moe="pallas", interpret=True)
     assert "kernels on cpu: attention=ref, indexer=ref, moe=pallas (Pallas interpret mode)" in caplog.text
+
+
+def test_batch_invariant_mode_keeps_attention_on_the_reference(monkeypatch):
+    """The mode's guarantee is per position; the attention kernel's summation order depends on where a
+    step's chunk began, so the mode runs the reference for attention and the indexer (MoE's kernel stays)."""
+    monkeypatch.setenv("DEEPINFER_KERNELS", "pallas")
+    cfg = deepinfer_config("mixed").replace(batch_invariant=True)
+    out = kernels_for(cfg, PagedLayout(num_slots=2, page_size=4, num_pages=()), 6, "float32", "cpu")
+    assert out.kernels == KernelChoice("ref", "ref", "pallas", interpret=True)

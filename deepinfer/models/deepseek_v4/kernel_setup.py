@@ -7,6 +7,7 @@ place, with the log line that reports it.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 
@@ -34,6 +35,14 @@ def kernels_for(cfg, layout, max_pages: int, dtype, platform: str):
     first; one that does not lower falls back to its reference, with a warning saying why.
     (Interpret mode on a CPU always lowers: nothing to probe.)"""
     kernels = choose_kernels(platform, os.environ.get("DEEPINFER_KERNELS"))
+    if cfg.batch_invariant and (kernels.uses("attention") or kernels.uses("indexer")):
+        # The attention kernel reads a key from the ring or from the step depending on where the
+        # step's chunk began, so its online softmax's order (and last bits) depends on the schedule;
+        # the mode's guarantee is per position, so it runs the reference that gathers keys by
+        # position. The indexer goes with it (the reference path scores inside the same tiles).
+        # The MoE kernel is per row with fixed tiles: it stays.
+        log.info("batch-invariant mode: attention and indexer run their references (bitwise per position)")
+        kernels = dataclasses.replace(kernels, attention="ref", indexer="ref")
     if platform in PALLAS_PLATFORMS:
         kernels, dropped = probe_kernels(kernels, probe_extents(cfg, layout, max_pages, dtype))
         for op, why in dropped.items():

@@ -133,9 +133,7 @@ def paged_attention(cfg: ModelConfig, p: dict, layer_type: str, st: dict, x: jax
     if layer_type == CSA:
         new_st["indexer"] = paged_compressor(cfg, p["indexer"]["compressor"], st["indexer"], a["index"], fb, ratio,
                                              cfg.index_head_dim, True, page_size, table)
-    ops = cfg.kernels
-    kernels_cover = ops.uses("attention") and (layer_type != CSA or ops.uses("indexer"))
-    if tiled and not kernels_cover:
+    if tiled:  # batch-invariant mode: the kernels' engine setup leaves attention on the reference
         out = _tiled_attention(cfg, p, layer_type, ring, new_st, a, x, fb, table, ratio)
     else:
         out = _flat_attention(cfg, p, layer_type, ring, new_st, a, x, fb, table, ratio)
@@ -144,29 +142,22 @@ def paged_attention(cfg: ModelConfig, p: dict, layer_type: str, st: dict, x: jax
 
 def _flat_attention(cfg, p, layer_type, ring, new_st, a, x, fb: FlatBatch, table, ratio):
     """Scoring and attention over the whole flat batch through the kernel ops (pallas_kernels/): the
-    Pallas kernels or their references, as cfg.kernels says. The references are the normal path;
-    the kernels are per-token programs, so batch-invariant mode runs them too (only the per-token
-    projections around them go in fixed tiles)."""
-    ops, tiled = cfg.kernels, cfg.batch_invariant
+    Pallas kernels or their references, as cfg.kernels says (the normal path)."""
+    ops = cfg.kernels
     selected = None
     if table is not None:
         n_visible = (fb.positions + 1) // ratio
         selected = jnp.arange(new_st["rows"].shape[1] * table.shape[1])[None, :] < n_visible[:, None]
     if layer_type == CSA:
-        head_w = per_token(tiled, lambda x: indexer.head_weights(cfg, p["indexer"], x), x)
+        head_w = indexer.head_weights(cfg, p["indexer"], x)
         select = index_select if ops.uses("indexer") else index_select_ref
         selected, _ = select(a["iq"], head_w, new_st["indexer"]["rows"], table, n_visible, k=cfg.index_topk,
                              interpret=ops.interpret)
     attend = sparse_attention if ops.uses("attention") else sparse_attention_ref
     o = attend(a["q"], a["kv"], ring, fb, new_st.get("rows"), table, selected, p["sink"], scale=cfg.head_dim**-0.5,
                window=cfg.sliding_window, interpret=ops.interpret)
-    rope = rope_for(cfg, layer_type)
-
-    def project_out(o, positions):
-        cos, sin = rope_angles(rope, cfg.qk_rope_head_dim, positions)
-        return output_projection(cfg, p, o[None], cos[None], sin[None])[0]
-
-    return per_token(tiled, project_out, o, fb.positions)
+    cos, sin = rope_angles(rope_for(cfg, layer_type), cfg.qk_rope_head_dim, fb.positions)
+    return output_projection(cfg, p, o[None], cos[None], sin[None])[0]
 
 
 def _tiled_attention(cfg, p, layer_type, ring, new_st, a, x, fb: FlatBatch, table, ratio):
