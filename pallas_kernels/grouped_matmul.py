@@ -11,9 +11,9 @@ past the sum belong to no expert and come out zero, as with ``lax.ragged_dot``).
 The ``_ref`` twins are what the model ran before (``lax.ragged_dot_general``, then
 ``swiglu``). The kernels run one program per (row tile, output tile); a tile may
 straddle experts, so each program loops over the experts its rows belong to
-(from the group offsets) and keeps each row's product with its own expert only
-(the others add exact zeros). An expert with no rows is never visited for its
-own rows and adds zeros elsewhere. Tiles are fixed sizes and each output element
+(from the group offsets; an expert owning none of the tile's rows is skipped without
+reading its weights) and keeps each row's product with its own expert only (the
+others add exact zeros). Tiles are fixed sizes and each output element
 is one dot over the whole input dimension, so a row's result does not depend on
 which other rows share its step: batch-invariant mode's contract holds.
 
@@ -41,6 +41,7 @@ _GROUPED_DOT = lax.RaggedDotDimensionNumbers(
 )
 TILE_ROWS = 16
 TILE_COLS = 128
+TILE_K = 256  # input-dimension chunk of one dot (fixed: the reduction order never depends on the batch)
 
 
 def grouped_swiglu_ref(rows, w1, w3, group_sizes, *, limit: float, interpret: bool = False):
@@ -67,36 +68,53 @@ def _tile_experts(group_sizes, n_pad: int, tile: int):
     return span, jnp.stack([starts, ends], axis=1)
 
 
-def _expert_products(span_ref, bounds_ref, x, weights, tile_rows, tile_cols):
-    """For one (row tile, column tile): each row's x @ w[e].T with its own expert e, for every w in weights."""
+def _expert_products(span_ref, bounds_ref, x_ref, weights, tile_rows, tile_cols):
+    """For one (row tile, column tile): each row's x @ w[e].T with its own expert e, for every w in weights.
+
+    Experts between the tile's first and last that own none of its rows are skipped (no weight
+    read: a decode tile's few rows may name experts far apart). The input dimension is read in
+    fixed TILE_K chunks, always in the same order, so a row's sums never depend on the batch."""
     i, j = pl.program_id(0), pl.program_id(1)
-    row = i * tile_rows + jnp.arange(tile_rows)
-    xf = x.astype(jnp.float32)
-    # weights rounded to the rows' dtype first, as the reference's ragged dots take them
-    wdt = x.dtype
+    lo = i * tile_rows
+    row = lo + jnp.arange(tile_rows)
+    wdt = x_ref.dtype  # weights rounded to the rows' dtype first, as the reference's ragged dots take them
+    d_in = x_ref.shape[1]
+    tile_k = min(TILE_K, d_in)
 
     def one_expert(e, accs):
-        mine = (row >= bounds_ref[e, 0]) & (row < bounds_ref[e, 1])
-        out = []
-        for acc, w_ref in zip(accs, weights):
-            w = w_ref[e, pl.ds(j * tile_cols, tile_cols), :].astype(wdt).astype(jnp.float32)
-            prod = jnp.dot(xf, w.T, preferred_element_type=jnp.float32)
-            out.append(acc + jnp.where(mine[:, None], prod, 0.0))
-        return tuple(out)
+        start, end = bounds_ref[e, 0], bounds_ref[e, 1]
+        mine = (row >= start) & (row < end)
+
+        def products(accs):
+            def k_chunk(c, sums):
+                xk = x_ref[:, pl.ds(c * tile_k, tile_k)].astype(jnp.float32)
+                out = []
+                for acc, w_ref in zip(sums, weights):
+                    w = w_ref[e, pl.ds(j * tile_cols, tile_cols), pl.ds(c * tile_k, tile_k)]
+                    out.append(acc + jnp.dot(xk, w.astype(wdt).astype(jnp.float32).T,
+                                             preferred_element_type=jnp.float32))
+                return tuple(out)
+
+            zeros = tuple(jnp.zeros((tile_rows, tile_cols), jnp.float32) for _ in weights)
+            prods = lax.fori_loop(0, d_in // tile_k, k_chunk, zeros)
+            return tuple(acc + jnp.where(mine[:, None], prod, 0.0) for acc, prod in zip(accs, prods))
+
+        owns_rows_here = (end > start) & (end > lo) & (start < lo + tile_rows)
+        return lax.cond(owns_rows_here, products, lambda accs: accs, accs)
 
     zeros = tuple(jnp.zeros((tile_rows, tile_cols), jnp.float32) for _ in weights)
     return lax.fori_loop(span_ref[i, 0], span_ref[i, 1] + 1, one_expert, zeros)
 
 
 def _swiglu_kernel(span_ref, bounds_ref, x_ref, w1_ref, w3_ref, out_ref, *, limit, tile_rows, tile_cols):
-    gate, up = _expert_products(span_ref, bounds_ref, x_ref[...], (w1_ref, w3_ref), tile_rows, tile_cols)
+    gate, up = _expert_products(span_ref, bounds_ref, x_ref, (w1_ref, w3_ref), tile_rows, tile_cols)
     # the products are rounded to the rows' dtype before the clamp, as the reference's ragged dots are
     dt = out_ref.dtype
     out_ref[...] = swiglu(gate.astype(dt), up.astype(dt), limit).astype(dt)
 
 
 def _matmul_kernel(span_ref, bounds_ref, x_ref, w_ref, out_ref, *, tile_rows, tile_cols):
-    (out,) = _expert_products(span_ref, bounds_ref, x_ref[...], (w_ref,), tile_rows, tile_cols)
+    (out,) = _expert_products(span_ref, bounds_ref, x_ref, (w_ref,), tile_rows, tile_cols)
     out_ref[...] = out.astype(out_ref.dtype)
 
 
@@ -104,8 +122,9 @@ def _grouped_call(kernel, rows, weights, group_sizes, interpret):
     n, d_in = rows.shape
     d_out = weights[0].shape[1]
     tile_cols = min(TILE_COLS, d_out)
-    if d_out % tile_cols:
-        raise ValueError(f"grouped matmul: output width {d_out} is not a multiple of the {tile_cols}-column tile")
+    if d_out % tile_cols or d_in % min(TILE_K, d_in):
+        raise ValueError(f"grouped matmul: widths {d_in} -> {d_out} are not multiples of the tiles "
+                         f"({min(TILE_K, d_in)} in, {tile_cols} out)")
     n_pad = -(-n // TILE_ROWS) * TILE_ROWS
     x = jnp.pad(rows, ((0, n_pad - n), (0, 0)))
     span, bounds = _tile_experts(group_sizes, n_pad, TILE_ROWS)

@@ -6,10 +6,14 @@ are laid out at random in a shared pool, so block tables are not the identity.
 
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 
 from deepinfer.models.interface import FlatBatch
+
+# the kernel tests run the real GPU lowering where there is one (scripts/gpu_check.sh), interpret mode on a CPU
+INTERPRET = jax.default_backend() == "cpu"
 
 # (slot, length before the step, tokens in the step): a 1-token decode whose window wrapped the ring,
 # a prefill from 0 (no ring content, 0 compressed rows visible at first), a chunk in the middle of a

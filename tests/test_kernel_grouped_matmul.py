@@ -13,8 +13,9 @@ from pallas_kernels.grouped_matmul import (
     grouped_swiglu,
     grouped_swiglu_ref,
 )
+from tests.kernel_batches import INTERPRET
 
-E, D, I = 6, 32, 256  # I spans two 128-column tiles
+E, D, I = 6, 512, 256  # D spans two 256-wide input chunks, I two 128-column tiles
 LIMIT = 1.5  # low enough that the clamp bites on these random inputs
 
 # group sizes over 6 experts: empty experts (first, middle, last), a tile (16 rows) straddled by several
@@ -42,11 +43,11 @@ def test_matches_reference(dtype, name):
     sizes, n = GROUPS[name]
     rows, w1, w3, w2, gs = _inputs(dtype, sizes, n)
     tol = dict(rtol=1e-5, atol=1e-5) if dtype == jnp.float32 else dict(rtol=2e-2, atol=2e-2)
-    hidden = grouped_swiglu(rows, w1, w3, gs, limit=LIMIT, interpret=True)
+    hidden = grouped_swiglu(rows, w1, w3, gs, limit=LIMIT, interpret=INTERPRET)
     ref_hidden = grouped_swiglu_ref(rows, w1, w3, gs, limit=LIMIT)
     assert hidden.dtype == ref_hidden.dtype == dtype and hidden.shape == (n, I)
     np.testing.assert_allclose(np.asarray(hidden, np.float32), np.asarray(ref_hidden, np.float32), **tol)
-    out = grouped_matmul(ref_hidden, w2, gs, interpret=True)
+    out = grouped_matmul(ref_hidden, w2, gs, interpret=INTERPRET)
     ref_out = grouped_matmul_ref(ref_hidden, w2, gs)
     np.testing.assert_allclose(np.asarray(out, np.float32), np.asarray(ref_out, np.float32), **tol)
     # rows past every group belong to no expert
@@ -58,7 +59,7 @@ def test_each_row_uses_its_own_expert():
     """Against a per-row loop in numpy: row r of expert e is swiglu(x_r @ w1[e].T, x_r @ w3[e].T)."""
     sizes, n = GROUPS["straddle"]
     rows, w1, w3, _, gs = _inputs(jnp.float32, sizes, n, seed=3)
-    hidden = np.asarray(grouped_swiglu(rows, w1, w3, gs, limit=LIMIT, interpret=True))
+    hidden = np.asarray(grouped_swiglu(rows, w1, w3, gs, limit=LIMIT, interpret=INTERPRET))
     owner = np.repeat(np.arange(E), sizes)
     x, a, b = (np.asarray(v, np.float64) for v in (rows, w1, w3))
     for r, e in enumerate(owner):
@@ -71,7 +72,7 @@ def test_rows_do_not_depend_on_their_neighbours():
     """Batch-invariant contract: a row's result is bitwise the same whatever other rows share its tile."""
     rows, w1, w3, _, _ = _inputs(jnp.float32, [0] * E, 30, seed=5)
     alone = grouped_swiglu(rows[3:4], w1, w3, jnp.asarray([0, 0, 0, 1, 0, 0], jnp.int32), limit=LIMIT,
-                           interpret=True)
+                           interpret=INTERPRET)
     crowded = grouped_swiglu(rows, w1, w3, jnp.asarray([3, 0, 0, 20, 7, 0], jnp.int32), limit=LIMIT,
-                             interpret=True)
+                             interpret=INTERPRET)
     np.testing.assert_array_equal(np.asarray(alone[0]), np.asarray(crowded[3]))

@@ -14,7 +14,7 @@ from pallas_kernels.index_select import (
     index_select,
     index_select_ref,
 )
-from tests.kernel_batches import ragged_batch
+from tests.kernel_batches import INTERPRET, ragged_batch
 
 IH, ID, PAGE, PAGES = 4, 16, 4, 6
 
@@ -38,7 +38,7 @@ def test_matches_reference(dtype, k):
     k covers 1, more than some rows have visible (a row with 0 visible rows included), all rows,
     and more rows than exist."""
     args, valid = _inputs(dtype)
-    sel, scores = index_select(*args, k=k, interpret=True)
+    sel, scores = index_select(*args, k=k, interpret=INTERPRET)
     ref_sel, ref_scores = index_select_ref(*args, k=k)
     visible = np.arange(PAGES * PAGE)[None, :] < np.asarray(args[4])[:, None]
     np.testing.assert_allclose(np.asarray(scores)[visible & valid[:, None]],
@@ -65,6 +65,6 @@ def test_order_keys_keep_the_float_order():
 def test_catches_a_wrong_visibility():
     """The comparison has teeth: one more visible row per token changes the selection."""
     args, valid = _inputs(jnp.float32)
-    wrong, _ = index_select(*args[:4], args[4] + 1, k=3, interpret=True)
+    wrong, _ = index_select(*args[:4], args[4] + 1, k=3, interpret=INTERPRET)
     ref, _ = index_select_ref(*args, k=3)
     assert (np.asarray(wrong)[valid] != np.asarray(ref)[valid]).any()

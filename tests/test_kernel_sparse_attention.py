@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from pallas_kernels.sparse_attention import sparse_attention, sparse_attention_ref
-from tests.kernel_batches import ROWS, ragged_batch
+from tests.kernel_batches import INTERPRET, ROWS, ragged_batch
 
 HEADS, HD, WINDOW, KEEP, PAGE, PAGES = 4, 16, 8, 10, 4, 6
 
@@ -34,7 +34,7 @@ def _inputs(dtype, compressed=True, seed=0, **batch):
 def _both(args, fb):
     kw = dict(scale=HD**-0.5, window=WINDOW)
     ref = sparse_attention_ref(*args, **kw)
-    out = sparse_attention(*args, **kw, interpret=True)
+    out = sparse_attention(*args, **kw, interpret=INTERPRET)
     valid = np.asarray(fb.valid)
     return np.asarray(out, np.float32)[valid], np.asarray(ref, np.float32)[valid]
 
@@ -62,7 +62,7 @@ def test_no_visible_key_gives_zero():
     args, fb = _inputs(jnp.float32, rows=((0, 0, 1),), pad=0)
     q, kv, ring, fb, pool, table, selected, sink = args
     out = sparse_attention(q, kv, ring, fb, pool, table, jnp.zeros_like(selected), sink, scale=0.25, window=WINDOW,
-                           interpret=True)
+                           interpret=INTERPRET)
     # the token sees only itself: the result is its own key weighted by p / (p + e^sink)
     lg = float(jnp.dot(q[0].astype(jnp.float32), kv[0]) [0]) * 0.25
     w = np.exp(lg - max(lg, float(sink[0])))
@@ -74,7 +74,7 @@ def test_catches_a_wrong_window():
     """The comparison has teeth: a kernel seeing one key too many per side disagrees with the reference."""
     args, fb = _inputs(jnp.float32)
     ref = sparse_attention_ref(*args, scale=HD**-0.5, window=WINDOW)
-    wrong = sparse_attention(*args, scale=HD**-0.5, window=WINDOW + 1, interpret=True)
+    wrong = sparse_attention(*args, scale=HD**-0.5, window=WINDOW + 1, interpret=INTERPRET)
     assert not np.allclose(np.asarray(wrong)[np.asarray(fb.valid)], np.asarray(ref)[np.asarray(fb.valid)], atol=1e-4)
 
 
@@ -82,11 +82,11 @@ def test_a_token_does_not_see_the_batch():
     """The kernel's result for a row is bitwise the same alone or among other rows (batch-invariant
     mode's contract), with the same slots and pages."""
     args, fb = _inputs(jnp.float32)
-    full = np.asarray(sparse_attention(*args, scale=HD**-0.5, window=WINDOW, interpret=True))
+    full = np.asarray(sparse_attention(*args, scale=HD**-0.5, window=WINDOW, interpret=INTERPRET))
     alone_args, fb1 = _inputs(jnp.float32, rows=ROWS[2:3], pad=0)
     q, kv, ring, _, pool, table, selected, sink = args
     lo, n = 6, ROWS[2][2]  # row 2's tokens sit at flat 6..9 in the full batch
     table1 = table[lo : lo + n]
     alone = sparse_attention(q[lo : lo + n], kv[lo : lo + n], ring, fb1, pool, table1, selected[lo : lo + n], sink,
-                             scale=HD**-0.5, window=WINDOW, interpret=True)
+                             scale=HD**-0.5, window=WINDOW, interpret=INTERPRET)
     np.testing.assert_array_equal(np.asarray(alone), full[lo : lo + n])
