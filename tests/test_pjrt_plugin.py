@@ -80,3 +80,14 @@ def test_features_gate_per_platform():
     require_feature("batch-invariant mode", "gpu")
     with pytest.raises(PlatformError, match="batch-invariant mode is not supported on platform 'npu'"):
         require_feature("batch-invariant mode", "npu")
+
+
+def test_a_platform_asked_for_after_jax_started_is_refused_by_name():
+    import jax
+
+    from deepinfer.runtime.platform import select_platform
+
+    jax.devices()  # this process's backends are up (CPU)
+    assert select_platform("cpu") == "cpu" and select_platform(None) == "cpu"
+    with pytest.raises(PlatformError, match="platform 'npu' was asked for after JAX had started its backends on 'cpu'"):
+        select_platform("npu")

@@ -28,6 +28,7 @@ log = logging.getLogger("deepinfer.runtime.platform")
 
 BUILTIN = ("cpu", "gpu", "cuda", "rocm", "tpu")
 PLUGIN_PATHS_ENV = "PJRT_NAMES_AND_LIBRARY_PATHS"
+_GPU_ALIASES = {"cuda": "gpu", "rocm": "gpu"}  # JAX starts "cuda" / "rocm" and reports the backend as "gpu"
 # features that hold only on some platforms, and why (require_feature names the reason)
 FEATURE_PLATFORMS = {
     # its guarantees rest on XLA flags and kernel behaviour verified on these backends only
@@ -76,8 +77,8 @@ def select_platform(name: str | None, library: str | None = None) -> str:
         return platform_in_use()
     name = name.strip().lower()
     if xla_bridge.backends_are_initialized():
-        if platform_in_use() == name:
-            return name
+        if platform_in_use() == _GPU_ALIASES.get(name, name):
+            return platform_in_use()
         raise PlatformError(
             f"platform {name!r} was asked for after JAX had started its backends on {platform_in_use()!r}; "
             f"choose it before the process's first JAX computation (DEEPINFER_PLATFORM or --platform at start)"
