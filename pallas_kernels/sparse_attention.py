@@ -81,8 +81,9 @@ def attend_parts(q, parts, sink, scale):
     return out.astype(q.dtype)
 
 
-def _first(fb: FlatBatch) -> jax.Array:
-    # positions before history_start were never processed into the slot (a replay from an empty state)
+def first_position(fb: FlatBatch) -> jax.Array:
+    """[T] the first position each token's slot holds: positions before history_start were never
+    processed into the slot (a replay from an empty state)."""
     return jnp.zeros_like(fb.positions) if fb.history_start is None else fb.history_start
 
 
@@ -94,7 +95,7 @@ def sparse_attention_ref(q, kv, ring, fb: FlatBatch, pool, table, selected, sink
     ring_pos = ring_positions(fb.length, ring.shape[1])
     d = fb.positions[:, None] - ring_pos
     own = jnp.take(ring, fb.slot, axis=0, mode="clip")
-    parts = [(own, (ring_pos >= _first(fb)[:, None]) & (d >= 0) & (d < window), False)]
+    parts = [(own, (ring_pos >= first_position(fb)[:, None]) & (d >= 0) & (d < window), False)]
     d2 = fb.positions[:, None] - fb.positions[None, :]
     step_mask = (fb.row[:, None] == fb.row[None, :]) & fb.valid[None, :] & (d2 >= 0) & (d2 < window)
     parts.append((kv, step_mask, True))
@@ -128,12 +129,9 @@ def _kernel(meta_ref, q_ref, kv_ref, ring_ref, sink_ref, *rest, scale, window, p
     # the sink as the first "key": the running max starts there and its weight exp(0) = 1 is in the denominator
     carry = (sink, jnp.ones_like(sink), jnp.zeros(qf.shape, jnp.float32))
 
-    keep = ring_ref.shape[1]
-    idx = jnp.arange(keep)
-    last = length - 1
-    rpos = last - jnp.mod(last - idx, keep)
+    rpos = ring_positions(jnp.reshape(length, (1,)), ring_ref.shape[1])[0]  # -1: never filled, below first
     d = pos - rpos
-    carry = _online_block(qf, ring_ref[slot], (rpos >= 0) & (rpos >= first) & (d >= 0) & (d < window), carry, scale)
+    carry = _online_block(qf, ring_ref[slot], (rpos >= first) & (d >= 0) & (d < window), carry, scale)
 
     # kv is front-padded by window - 1 rows: flat positions t - window + 1 .. t are rows t .. t + window - 1
     flat = t - window + 1 + jnp.arange(window)
@@ -154,7 +152,7 @@ def sparse_attention(q, kv, ring, fb: FlatBatch, pool, table, selected, sink, *,
     """The Pallas kernel of sparse_attention_ref (same arguments, same result up to fp32 rounding)."""
     t_count, heads, hd = q.shape
     slots = ring.shape[0]
-    meta = jnp.stack([jnp.clip(fb.slot, 0, slots - 1), fb.positions, fb.length, fb.start, _first(fb)],
+    meta = jnp.stack([jnp.clip(fb.slot, 0, slots - 1), fb.positions, fb.length, fb.start, first_position(fb)],
                      axis=1).astype(jnp.int32)
     kv_pad = jnp.concatenate([jnp.zeros((window - 1, hd), kv.dtype), kv])
     whole = lambda a: pl.BlockSpec(a.shape, lambda t: (0,) * a.ndim)  # noqa: E731  (read by index in the kernel)

@@ -32,6 +32,7 @@ from deepinfer.numerics import per_token
 from pallas_kernels.index_select import index_select, index_select_ref
 from pallas_kernels.sparse_attention import (
     attend_parts,
+    first_position,
     gather_rows,
     sparse_attention,
     sparse_attention_ref,
@@ -147,12 +148,13 @@ def _flat_attention(cfg, p, layer_type, ring, new_st, a, x, fb: FlatBatch, table
     selected = None
     if table is not None:
         n_visible = (fb.positions + 1) // ratio
-        selected = jnp.arange(new_st["rows"].shape[1] * table.shape[1])[None, :] < n_visible[:, None]
-    if layer_type == CSA:
+    if layer_type == CSA:  # the indexer's top-k of the visible rows
         head_w = indexer.head_weights(cfg, p["indexer"], x)
         select = index_select if ops.uses("indexer") else index_select_ref
         selected, _ = select(a["iq"], head_w, new_st["indexer"]["rows"], table, n_visible, k=cfg.index_topk,
                              interpret=ops.interpret)
+    elif table is not None:  # HCA: every visible row
+        selected = jnp.arange(new_st["rows"].shape[1] * table.shape[1])[None, :] < n_visible[:, None]
     attend = sparse_attention if ops.uses("attention") else sparse_attention_ref
     o = attend(a["q"], a["kv"], ring, fb, new_st.get("rows"), table, selected, p["sink"], scale=cfg.head_dim**-0.5,
                window=cfg.sliding_window, interpret=ops.interpret)
@@ -164,7 +166,7 @@ def _tiled_attention(cfg, p, layer_type, ring, new_st, a, x, fb: FlatBatch, tabl
     """Batch-invariant mode's reference: each token's window keys gathered by position into a fixed
     [T, window] set, and scoring + attention + output projection in fixed token tiles."""
     rope = rope_for(cfg, layer_type)
-    first = jnp.zeros_like(fb.positions) if fb.history_start is None else fb.history_start
+    first = first_position(fb)
     window_pos = fb.positions[:, None] - jnp.arange(cfg.sliding_window - 1, -1, -1)[None, :]
     own_keys = (_by_position(ring, a["kv"], fb, jnp.maximum(window_pos, 0)), window_pos >= first[:, None])
     rows = visible = index_rows = None
