@@ -106,8 +106,12 @@ class EngineConfig:
         return k
 
     def buckets(self) -> tuple[tuple[int, ...], tuple[int, ...]]:
-        tokens = self.token_buckets or _powers_of_two(min(16, self.max_num_batched_tokens), self.max_num_batched_tokens)
-        rows = self.row_buckets or _powers_of_two(min(4, self.max_num_seqs), self.max_num_seqs)
+        """(token buckets, row buckets). Each token bucket is one program, compiled with the row bucket
+        scheduler/buckets.rows_for gives it. The defaults start at 1 so that a small decode step runs in a
+        shape of its own size: a batch-1 decode in a 16-token bucket cost 4.6x a 1-token one (bundled
+        model, CPU: 10.1 against 2.2 ms)."""
+        tokens = self.token_buckets or _powers_of_two(1, self.max_num_batched_tokens)
+        rows = self.row_buckets or _powers_of_two(1, self.max_num_seqs)
         if tokens[-1] < self.max_num_batched_tokens or rows[-1] < self.max_num_seqs:
             raise ValueError("the largest buckets must cover max_num_batched_tokens and max_num_seqs")
         return tokens, rows

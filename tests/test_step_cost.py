@@ -27,7 +27,8 @@ def _warm(depth_ms: dict[int, float], width_ms: float = 0.0) -> StepCostModel:
 def test_warm_up_figures_serve_until_the_loop_has_seen_a_key():
     model = _warm({0: 0.0, 1: 0.5})
     assert model.key(20, 16, 1, 2) == (32, 16, 1, 2)  # tokens and rows to their buckets
-    assert model.key(1000, 3, 0) == (64, 4, 0, 1)  # past the largest bucket: the largest
+    assert model.key(1000, 3, 0) == (64, 16, 0, 1)  # past the largest bucket: the largest (and its rows)
+    assert model.key(3, 3, 0) == (16, 16, 0, 1)  # a token bucket is compiled with one row bucket (buckets.py)
     assert abs(model(20, 16, 1, 1) - 2.5e-3) < 1e-12
     plain = model.key(16, 16, 0)
     for _ in range(MIN_OBSERVATIONS - 1):

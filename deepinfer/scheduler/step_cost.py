@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import statistics
 
-from deepinfer.scheduler.buckets import bucket_of
+from deepinfer.scheduler.buckets import bucket_of, rows_for
 
 MIN_OBSERVATIONS = 3  # seen this often, a key's own mean replaces the scaled warm-up figure
 SMOOTHING = 0.2  # weight of a new observation in a key's running mean
@@ -39,9 +39,8 @@ class StepCostModel:
         self._scale = {False: 1.0, True: 1.0}  # scale(kind) as of the last observation (recomputed only then)
 
     def key(self, n_tokens: int, n_rows: int, depth: int, width: int = 1) -> tuple[int, int, int, int]:
-        t = bucket_of(n_tokens, self.token_buckets)
-        r = bucket_of(min(n_rows, t), self.row_buckets)
-        return t, r, depth, max(width, 1)
+        t = bucket_of(max(n_tokens, n_rows), self.token_buckets)
+        return t, rows_for(t, self.row_buckets), depth, max(width, 1)
 
     def warm_estimate(self, key: tuple[int, int, int, int]) -> float:
         t, r, depth, width = key
