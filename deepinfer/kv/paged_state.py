@@ -45,6 +45,12 @@ class EngineState:
 
 
 def init_engine_state(family: ModelFamily, cfg, layout: PagedLayout, dtype=jnp.float32) -> EngineState:
+    """The zeroed state, built by one program: created leaf by leaf, each new shape of zeros compiled a
+    program of its own (18 compiles, 0.7 s of the server's start on the bundled model)."""
+    return _init_state_jit(family, cfg, layout, jnp.dtype(dtype))
+
+
+def _init_state(family: ModelFamily, cfg, layout: PagedLayout, dtype) -> EngineState:
     return EngineState(
         model=family.init_state(cfg, layout, dtype),
         last_token=jnp.zeros((layout.num_slots,), jnp.int32),
@@ -53,6 +59,9 @@ def init_engine_state(family: ModelFamily, cfg, layout: PagedLayout, dtype=jnp.f
         drafts=jnp.zeros((layout.num_slots, MAX_DRAFT_TOKENS if layout.draft else 0), jnp.int32),
         shift=jnp.zeros((layout.num_slots,), jnp.int32),
     )
+
+
+_init_state_jit = jax.jit(_init_state, static_argnums=(0, 1, 2, 3))
 
 
 def _state_bytes(family: ModelFamily, cfg, layout: PagedLayout, dtype) -> int:

@@ -39,7 +39,16 @@ def leaf_kinds(family: ModelFamily, cfg, layout: PagedLayout) -> list[str]:
 def init_store(family: ModelFamily, cfg, layout: PagedLayout, dtype, num_snapshots: int) -> list[jax.Array]:
     shapes = jax.tree.leaves(jax.eval_shape(lambda: family.init_state(cfg, layout, dtype)))
     kinds = leaf_kinds(family, cfg, layout)
-    return [jnp.zeros((num_snapshots, *x.shape[1:]), x.dtype) for x, k in zip(shapes, kinds) if k == "slot"]
+    store = tuple((num_snapshots, *x.shape[1:], jnp.dtype(x.dtype)) for x, k in zip(shapes, kinds) if k == "slot")
+    return list(_zeros_jit(store))
+
+
+def _zeros(shapes: tuple) -> tuple:
+    return tuple(jnp.zeros(s[:-1], s[-1]) for s in shapes)
+
+
+# one program for every zeroed leaf (one compile instead of one per distinct shape)
+_zeros_jit = jax.jit(_zeros, static_argnums=0)
 
 
 def snapshot_bytes(family: ModelFamily, cfg, layout: PagedLayout, dtype) -> int:
