@@ -63,7 +63,7 @@ class LLM:
         params: dict | None = None,
         dtype: str = "float32",
         seed: int = 0,
-        warmup: bool = True,
+        warmup: bool | str = True,
         quantized_weights: str = "dequantize",
         show_progress: bool = True,
         platform: str | None = None,
@@ -76,7 +76,10 @@ class LLM:
         safetensors (HF or official naming, FP8 / FP4 included) or orbax (deepinfer.convert);
         ``quantized_weights``: "dequantize" FP8 / FP4 weights to ``dtype`` at load, or "keep"
         them quantized in memory (dequantized inside each matmul). ``show_progress``: a
-        loading bar (bytes and tensors). ``engine_kwargs`` go to EngineConfig
+        loading bar (bytes and tensors). ``warmup``: True compiles every step program before
+        returning; "background" compiles one and the rest on a worker thread while it serves
+        (``self.engine.wait_warm()`` waits for them); False compiles each on first use.
+        ``engine_kwargs`` go to EngineConfig
         (max_num_seqs, max_num_batched_tokens, max_model_len, kv_memory_bytes, speculative_config, ...).
         ``platform``: the devices to run on ("cpu", "gpu", or a PJRT plugin platform such as "npu";
         default DEEPINFER_PLATFORM, else JAX's choice), with ``pjrt_plugin`` the plugin's library
@@ -110,7 +113,7 @@ class LLM:
         grammar = GrammarBackend(model_dir, cfg.vocab_size, cfg.eos_token_ids) if self.tokenizer is not None else None
         self.engine = LLMEngine(cfg, params, config, grammar=grammar)
         if warmup:
-            self.engine.warmup()
+            self.engine.warmup(background=warmup == "background")
 
     def _encode(self, prompt: Any) -> tuple[str | None, list[int]]:
         if isinstance(prompt, dict):  # vLLM's TokensPrompt / TextPrompt (cache_salt is read by generate)

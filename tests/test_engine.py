@@ -71,6 +71,45 @@ def test_nothing_compiles_after_warmup():
     assert len(engine.compiled_shapes) == programs
 
 
+def test_requests_are_served_while_programs_compile_in_the_background(reference_streams):
+    """The server's warm-up: one program compiled, serving starts with it (the token budget capped
+    at its size), the others compile on a worker thread and are used once ready; the tokens are
+    those of each request alone, and once warm nothing compiles on any thread."""
+    case = load_case("mixed")
+    prompts, expected = reference_streams
+    # the default buckets (1, 2, 4, 8, 16, 32 tokens) and a ring size no other test uses, so that the
+    # worker compiles for real while the first requests run
+    kw = dict(ENGINE_KW, token_buckets=None, row_buckets=None, max_backtrack=13)
+    engine = LLMEngine(case.cfg, case.params, EngineConfig(max_num_batched_tokens=32, **kw))
+    assert engine.warmup(background=True) == 1
+    assert engine.warming is not None and engine.scheduler.token_budget == 8  # (8 tokens, 8 rows) first
+    steps = []
+    schedule = engine.scheduler.schedule
+
+    def recording():
+        plan = schedule()
+        steps.append((engine.scheduler.token_budget, plan.num_tokens, engine.warming is not None))
+        return plan
+
+    engine.scheduler.schedule = recording
+    greedy = lambda i: SamplingParams(temperature=0, max_tokens=MAX_TOKENS[i])  # noqa: E731
+    reqs = drain(engine, prompts, greedy)
+    assert any(warming and budget < 32 for budget, _, warming in steps), steps  # served while compiling
+    assert all(n <= budget for budget, n, _ in steps)
+    for i in range(len(prompts)):
+        assert reqs[f"r{i}"].output_token_ids == expected[i], i
+    assert engine.wait_warm(timeout=600)
+    assert engine.warming is None and engine.scheduler.token_budget == 32
+    steps.clear()
+    with CompileCounter(all_threads=True) as counter:
+        reqs = drain(engine, prompts, greedy)
+    assert counter.count == 0
+    assert max(n for _, n, _ in steps) > 8  # the larger programs are in use
+    assert min(n for _, n, _ in steps) < 8  # and the small decode ones
+    for i in range(len(prompts)):
+        assert reqs[f"r{i}"].output_token_ids == expected[i], i
+
+
 def test_compile_counter_sees_compiles():
     with CompileCounter() as counter:
         jax.jit(lambda x: x * 3 + 1)(np.arange(7.0))

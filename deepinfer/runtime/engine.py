@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import threading
 import time
 
 import jax
@@ -51,7 +52,7 @@ from deepinfer.runtime.platform import platform_in_use, require_feature
 from deepinfer.runtime.prefix_runtime import PrefixRuntime, cache_settings
 from deepinfer.runtime.step_results import read_step
 from deepinfer.runtime.step_timer import StepTimer
-from deepinfer.scheduler.buckets import pick_bucket
+from deepinfer.scheduler.buckets import rows_for, step_shape
 from deepinfer.scheduler.plan import PlanShape, pack
 from deepinfer.scheduler.request import Request
 from deepinfer.scheduler.sampling_params import MAX_BIAS_SLOTS, SamplingParams
@@ -119,6 +120,9 @@ class LLMEngine:
         self.state = init_engine_state(self.family, cfg, self.layout, self.dtype)
         self.prefix = PrefixRuntime(self, prefix) if prefix is not None else None
         self.compiled_shapes: set[PlanShape] = set()
+        self.warming: warmup.BackgroundWarmup | None = None  # a background warm-up still compiling
+        self.idle = threading.Event()  # set while no request is queued or running (a background warm-up's cue)
+        self.idle.set()
         self.num_compiles = 0
         self._seeds: dict[str, int] = {}
         self._ids = itertools.count()
@@ -189,6 +193,7 @@ class LLMEngine:
             kind = sp.structured_outputs.kind if sp.structured_outputs is not None else "thinking_budget"
             req.grammar = RequestGrammar(matcher, kind)
         self.scheduler.add_request(req)
+        self.idle.clear()
         self._seeds[rid] = sp.resolved_seed()
         req.seed = self._seeds[rid]
         return req
@@ -198,6 +203,8 @@ class LLMEngine:
         A step already in flight for it still runs; its result is dropped."""
         self.scheduler.abort(req, reason)
         self._seeds.pop(req.request_id, None)
+        if not self.has_unfinished:
+            self.idle.set()
 
     def kv_usage(self) -> float:
         """Fraction of the KV pages held by requests (engine_stats.py)."""
@@ -213,8 +220,7 @@ class LLMEngine:
     # -- stepping -----------------------------------------------------------------
 
     def _shape_for(self, plan: StepPlan) -> PlanShape:
-        t = pick_bucket(max(plan.num_tokens, 1), self.token_buckets)
-        r = pick_bucket(max(len(plan.scheduled), 1), self.row_buckets)
+        t, r = step_shape(plan.num_tokens, len(plan.scheduled), self.ready_token_buckets(), self.row_buckets)
         varlen = self.num_drafts > 0 and self.config.mtp_varlen
         if varlen and not plan.drafts and not any(plan.draft_depth.values()):
             # confidence scheduling skipped the drafter and verifies nothing: the plain program does
@@ -319,6 +325,8 @@ class LLMEngine:
         t_start = time.perf_counter()
         self.updated = []
         self.last_wait_s = 0.0  # time this step() waited for device results (the rest is host time)
+        if self.warming is not None:
+            self._follow_warmup()
         plan = self.scheduler.schedule()
         dispatched = None
         finished: list[Request] = []
@@ -350,6 +358,8 @@ class LLMEngine:
             raise StepFailed(exc, self._recover(plans, exc)) from exc
         if self.config.check_invariants:
             self.scheduler.check_invariant()
+        if not self.has_unfinished:
+            self.idle.set()
         now = time.perf_counter()
         self.last_host_s = now - t_start - self.last_wait_s
         self.host_s += self.last_host_s
@@ -369,18 +379,50 @@ class LLMEngine:
         return recovery.isolate(self, plans, exc)
 
     def bucket_shapes(self) -> list[PlanShape]:
-        """Every step shape the engine can run: (token bucket, row bucket) pairs with rows <= tokens
-        (with confidence scheduling, each also without speculation: the steps that skip it)."""
+        """Every step shape the engine can run: each token bucket with its row bucket (buckets.py;
+        with confidence scheduling, each also without speculation: the steps that skip it)."""
         varlen = self.num_drafts > 0 and self.config.mtp_varlen
         kinds = [(self.num_drafts, varlen)] + ([(0, False)] if varlen else [])  # varlen: plain steps too
-        return [PlanShape(t, r, self.max_pages, k, v) for k, v in kinds for t in self.token_buckets
-                for r in self.row_buckets if r <= t]
+        return [PlanShape(t, rows_for(t, self.row_buckets), self.max_pages, k, v) for k, v in kinds
+                for t in self.token_buckets]
 
-    def warmup(self, progress=None) -> int:
+    def warmup(self, progress=None, background: bool = False, begin: bool = True) -> int:
         """Compile the step for every bucket shape (``progress(1)`` after each), and with
         ``EngineConfig.warm_structured`` its two halves (constrained steps with overlap); time the
-        step-cost model of confidence scheduling. Returns the number of step shapes (warmup.py)."""
-        return warmup.warm_up(self, progress)
+        step-cost model of confidence scheduling. ``background``: compile one shape now and the rest
+        on a worker thread while serving (``warming``; ``begin=False``: started by ``warming.begin()``).
+        Returns the number of step shapes compiled before returning (warmup.py)."""
+        return warmup.warm_up(self, progress, background, begin)
+
+    def start_background_warmup(self, job: "warmup.BackgroundWarmup") -> None:
+        self.warming = job
+        self._follow_warmup()
+
+    def ready_token_buckets(self) -> tuple[int, ...]:
+        """The token buckets whose programs may be dispatched now (all of them, unless a background
+        warm-up is still compiling: then only those it has finished)."""
+        return self.token_buckets if self.warming is None else self.warming.ready_tokens()
+
+    def _follow_warmup(self) -> None:
+        """Cap the scheduler's token budget at the largest program ready (a prompt is prefilled in
+        chunks that fit it); lift the cap once the background warm-up has compiled everything."""
+        if self.warming.done and not self.warming.pending:
+            self.warming = None
+            self.scheduler.token_budget = self.config.max_num_batched_tokens
+        else:
+            self.scheduler.token_budget = min(self.config.max_num_batched_tokens, self.warming.ready_tokens()[-1])
+
+    def wait_warm(self, timeout: float | None = None) -> bool:
+        """Block until a background warm-up has compiled every program; True when none is left."""
+        if self.warming is not None:
+            self.warming.wait(timeout)
+            self._follow_warmup()
+        return self.warming is None
+
+    def stop_warmup(self) -> None:
+        """Stop a background warm-up (after the program it is compiling): shutting down."""
+        if self.warming is not None:
+            self.warming.stop()
 
     def run_until_done(self) -> None:
         while self.has_unfinished:

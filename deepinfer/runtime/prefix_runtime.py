@@ -8,6 +8,7 @@ import math
 
 import jax.numpy as jnp
 
+from deepinfer.runtime.ahead_of_time import CompileAhead, abstract
 from deepinfer.runtime.compile_guard import CompileCounter
 from deepinfer.runtime.prefix_ops import (
     OpsShape,
@@ -79,12 +80,24 @@ class PrefixRuntime:
 
     def _dispatch(self, ops: CacheOps) -> None:
         e = self.engine
-        shape = OpsShape(self.num_ops, marks_bucket(len(ops.marks)), self.num_snapshots)
+        shape = self._ops_shape(ops)
         ints = pack_ops(ops, shape, e.layout.num_slots, e.layout.num_pages)
         with CompileCounter() as counter:
             e.state, self.store = cache_ops_jit(e.family, e.cfg, e.layout, shape, e.state, self.store,
                                                 jnp.asarray(ints))
         e.num_compiles += counter.count
+
+    def _ops_shape(self, ops: CacheOps) -> OpsShape:
+        return OpsShape(self.num_ops, marks_bucket(len(ops.marks)), self.num_snapshots)
+
+    def compile_ahead(self) -> CompileAhead:
+        """Start compiling warmup()'s program on a worker thread (the engine's thread meanwhile
+        compiles its first step program); ``join()`` it before warmup()."""
+        e, ops = self.engine, CacheOps()
+        shape = self._ops_shape(ops)
+        ints = jnp.asarray(pack_ops(ops, shape, e.layout.num_slots, e.layout.num_pages))
+        return CompileAhead(cache_ops_jit, e.family, e.cfg, e.layout, shape, abstract(e.state), abstract(self.store),
+                            abstract(ints))
 
     def warmup(self) -> None:
         """Compile the program (no marks) with operations that all fall out of range."""

@@ -1,16 +1,19 @@
-"""Warm-up: every step program compiled before serving, and the step-cost model that
+"""Warm-up: every step program compiled before serving (or the first one, and the rest on a
+worker thread while the engine serves: ``BackgroundWarmup``), and the step-cost model that
 confidence-scheduled speculation plans with (seconds per step by token bucket, row bucket
 and draft depth, timed on the device)."""
 
 from __future__ import annotations
 
 import logging
+import threading
 import time
 
 import jax
 import jax.numpy as jnp
 
-from deepinfer.runtime.paged_step import paged_step_jit
+from deepinfer.runtime.ahead_of_time import abstract
+from deepinfer.runtime.paged_step import paged_forward_jit, paged_sample_jit, paged_step_jit
 from deepinfer.scheduler.plan import PlanShape, pack, row_field_at
 from deepinfer.scheduler.step_cost import StepCostModel
 from deepinfer.scheduler.step_plan import StepPlan
@@ -18,17 +21,37 @@ from deepinfer.scheduler.step_plan import StepPlan
 log = logging.getLogger("deepinfer.runtime.engine")
 
 
-def warm_up(engine, progress=None) -> int:
+def warm_up(engine, progress=None, background: bool = False, begin: bool = True) -> int:
     """Compile the step for every bucket shape (``progress(1)`` after each), and with
     ``EngineConfig.warm_structured`` its two halves (constrained steps with overlap); with
     ``mtp_varlen``, time every shape at every draft depth for the step-cost model.
-    Returns the number of step shapes."""
+    ``background``: compile only ``first_shape`` now and the rest on a worker thread while the
+    engine serves (not with ``mtp_varlen``: its cost model times every shape on the device first);
+    ``begin=False`` leaves the worker to be started (``engine.warming.begin()``) when serving starts.
+    Returns the number of step shapes compiled before returning."""
+    shapes = engine.bucket_shapes()
+    if background and not (engine.num_drafts and engine.config.mtp_varlen) and len(shapes) > 1:
+        first = first_shape(shapes)
+        # the prefix-cache program compiles on a second core while this thread compiles the step
+        ahead = engine.prefix.compile_ahead() if engine.prefix is not None else None
+        _compile_by_running(engine, first)
+        if ahead is not None:
+            ahead.join()
+            engine.prefix.warmup()
+        # the small decode shapes first (every decode step runs in one), then the larger ones
+        rest = sorted((s for s in shapes if s != first), key=lambda s: (s.num_tokens > first.num_tokens, s.num_tokens))
+        structured = engine.config.warm_structured and engine.grammar is not None and engine.overlap
+        engine.start_background_warmup(BackgroundWarmup(engine, first, rest, structured))
+        if begin:
+            engine.warming.begin()
+        log.info("warm-up: serving with the %d-token program; %d more compiling in the background (token buckets %s)",
+                 first.num_tokens, len(rest), [s.num_tokens for s in rest])
+        if progress is not None:
+            progress(1)
+        return 1
     costs = {}
-    for shape in engine.bucket_shapes():
-        engine._run(StepPlan(), shape)
-        if engine.config.warm_structured and engine.grammar is not None and engine.overlap:
-            # the two halves of a constrained step (otherwise compiled on first use)
-            engine._run_sample(StepPlan(), shape, engine._run_forward(StepPlan(), shape))
+    for shape in shapes:
+        _compile_by_running(engine, shape)
         if engine.num_drafts and engine.config.mtp_varlen:  # the step-cost model of confidence scheduling
             key = (shape.num_tokens, shape.num_rows)
             if not shape.num_drafts:  # depth 0 verifying nothing runs the plain program (engine._shape_for)
@@ -49,6 +72,15 @@ def warm_up(engine, progress=None) -> int:
         engine.step_timer.drain()
         engine.step_timer.reset()
     return len(engine.compiled_shapes)
+
+
+def _compile_by_running(engine, shape: PlanShape) -> None:
+    """Compile one shape's step by dispatching an empty plan of it, and with
+    ``EngineConfig.warm_structured`` its two halves (constrained steps with overlap; otherwise
+    compiled on first use)."""
+    engine._run(StepPlan(), shape)
+    if engine.config.warm_structured and engine.grammar is not None and engine.overlap:
+        engine._run_sample(StepPlan(), shape, engine._run_forward(StepPlan(), shape))
 
 
 def time_step(engine, shape: PlanShape, depth: int, width: int = 1, repeats: int = 3) -> float:
@@ -87,3 +119,100 @@ def cost_model(engine, costs: dict) -> StepCostModel:
                                        if tt == t and kind == "depth" and d == depth), 2)
                        for depth in (0, 1, engine.num_drafts)) for t in engine.token_buckets})
     return model
+
+
+def first_shape(shapes: list[PlanShape]) -> PlanShape:
+    """The program to serve with alone: the smallest token bucket compiled with the most rows, so
+    any step fits it once the token budget is capped at its size (prefill in chunks of it)."""
+    most_rows = max(s.num_rows for s in shapes)
+    return min((s for s in shapes if s.num_rows == most_rows), key=lambda s: s.num_tokens)
+
+
+class BackgroundWarmup:
+    """Compiles the engine's remaining step programs on a worker thread (ahead of time, from
+    abstract arguments: the engine's state is never touched, so the engine keeps stepping).
+    A shape's program goes into JAX's own cache, so its first dispatch compiles nothing; the
+    engine reads ``ready_tokens()`` each step and only uses (and budgets for) what is ready."""
+
+    PATIENCE_S = 2.0  # before each program: wait this long at most for the engine to go idle
+
+    def __init__(self, engine, first: PlanShape, rest: list[PlanShape], structured: bool):
+        self._idle = engine.idle
+        self._ready = [first.num_tokens]
+        self.pending = [s.num_tokens for s in rest]
+        self.error: BaseException | None = None
+        self.compile_s = 0.0
+        self.then = None  # called on the worker once everything compiled (more start-up work, e.g. grammar)
+        self._stop = threading.Event()
+        self._done = threading.Event()
+        # abstract arguments taken now, on the engine's thread (the worker never reads live arrays,
+        # which the engine donates step after step)
+        args = (engine.family, engine.cfg, engine.layout)
+        params, state = abstract(engine.params), abstract(engine.state)
+        jobs = []
+        for shape in rest:
+            ints, floats = (jnp.asarray(a) for a in pack(StepPlan(), engine.pools, shape, engine.layout.num_slots, {},
+                                                         engine.cfg.vocab_size))
+            inputs = abstract((ints, floats, engine._bitmask(StepPlan(), shape)))
+            jobs.append((shape, inputs))
+        self._thread = threading.Thread(target=self._run, args=(args, params, state, jobs, structured),
+                                        name="deepinfer-warmup", daemon=True)
+
+    def begin(self) -> None:
+        """Start the worker (once). The server starts it when it starts serving: its lowering is
+        Python, and would hold the interpreter lock against the server's own start-up."""
+        if self._thread.ident is None:
+            self._thread.start()
+
+    def _run(self, args, params, state, jobs, structured) -> None:
+        t0 = time.perf_counter()
+        try:
+            for shape, (ints, floats, bitmask) in jobs:
+                # tracing and lowering hold the interpreter lock: a request in flight slowed ~10x
+                # beside it (bundled model: 4 tokens in 0.9 s, 47 ms alone), so go between requests
+                # when there is a gap, and at least every PATIENCE_S under constant load
+                self._idle.wait(self.PATIENCE_S)
+                if self._stop.is_set():
+                    return
+                paged_step_jit.lower(*args, shape, params, state, ints, floats, bitmask).compile()
+                self._ready.append(shape.num_tokens)
+                self.pending.remove(shape.num_tokens)
+                log.info("warm-up: step program for %d tokens x %d rows ready (%d still compiling)",
+                         shape.num_tokens, shape.num_rows, len(self.pending))
+            for shape, (ints, floats, bitmask) in jobs if structured else ():  # the halves of constrained steps
+                self._idle.wait(self.PATIENCE_S)
+                if self._stop.is_set():
+                    return
+                fwd = paged_forward_jit.lower(*args, shape, params, state, ints, floats)
+                fwd.compile()
+                paged_sample_jit.lower(*args, shape, params, state, fwd.out_info[0], ints, floats, bitmask).compile()
+        except BaseException as e:  # the shapes not compiled stay unused; the engine serves with the rest
+            self.error = e
+            log.error("warm-up: compiling in the background failed (%s: %s); serving with token buckets %s",
+                      type(e).__name__, e, sorted(self._ready))
+        finally:
+            self.compile_s = time.perf_counter() - t0
+            self._done.set()
+            if self.error is None and not self._stop.is_set():
+                log.info("warm-up: all step programs ready (%.1f s in the background)", self.compile_s)
+                if self.then is not None:
+                    self.then()
+
+    def ready_tokens(self) -> tuple[int, ...]:
+        """Token buckets whose programs are compiled (a snapshot: the list only grows)."""
+        return tuple(sorted(self._ready))
+
+    @property
+    def done(self) -> bool:
+        return self._done.is_set()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Block until every program is compiled (or the worker stopped); True if it finished."""
+        self.begin()
+        return self._done.wait(timeout)
+
+    def stop(self) -> None:
+        """Ask the worker to stop after the program it is compiling, and wait for it."""
+        self._stop.set()
+        if self._thread.ident is not None:
+            self._thread.join()

@@ -105,6 +105,9 @@ class Scheduler:
         # drafts are confidence-scheduled (speculation.plan_speculation), without it every eligible
         # row verifies k
         self.step_cost = None
+        # tokens one step may hold: max_num_batched_tokens, lowered by the engine while only smaller
+        # step programs are compiled (a background warm-up)
+        self.token_budget = config.max_num_batched_tokens
 
     # -- requests in and out -------------------------------------------------
 
@@ -143,7 +146,7 @@ class Scheduler:
         limit = self.config.num_speculative_tokens
         if not limit or self.step_cost is None:
             return None, None
-        budget = self.config.max_num_batched_tokens
+        budget = self.token_budget
         base = min(budget, sum(r.num_pending for r in self.running))
         cands, steady = [], []
         for r in self.running:
@@ -163,7 +166,7 @@ class Scheduler:
 
     def schedule(self) -> StepPlan:
         plan = StepPlan()
-        budget = self.config.max_num_batched_tokens
+        budget = self.token_budget
         limits, depth = self._draft_limits()
         i = 0
         while i < len(self.running) and budget > 0:

@@ -65,6 +65,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "arrival; the least urgent running request is the one preempted when memory runs out")
     p.add_argument("--trust-request-chat-template", action="store_true",
                    help="let requests send their own 'chat_template' (rendered in Jinja's sandbox); refused otherwise")
+    p.add_argument("--warmup", choices=("background", "full"), default="background",
+                   help="background: compile one step program, start serving with it (prefill in chunks of its "
+                        "size) and compile the rest on a worker thread, each used once ready; full: compile every "
+                        "program before serving")
     p.add_argument("--warm-structured", action="store_true",
                    help="compile the structured-output step programs at start-up (twice the programs; otherwise "
                         "each compiles on the first constrained request of its shape)")
@@ -177,19 +181,20 @@ def build_state(args: argparse.Namespace):
     grammar = None
     if tokenizer is not None:
         grammar = GrammarBackend(model_dir, cfg.vocab_size, cfg.eos_token_ids, compile_timeout_s=args.grammar_compile_timeout)
-        grammar.warm_in_background()  # xgrammar's import and the vocabulary scan, off the first request's path
     engine = LLMEngine(cfg, params, ec, grammar=grammar)
     if ec.batch_invariant:
         log.info("batch-invariant mode: on (XLA_FLAGS=%s)", os.environ.get("XLA_FLAGS", ""))
     if engine.num_drafts:
         log.info("speculative decoding: the MTP block drafts up to %d tokens per decode row "
                  "(overlap is off while speculating)", engine.num_drafts)
-    shapes = engine.bucket_shapes()
+    background = args.warmup == "background"
     t1 = time.perf_counter()
-    with tqdm(total=len(shapes), desc="Compiling step programs", unit="program", leave=False, disable=None) as wbar:
-        engine.warmup(progress=wbar.update)
-    log.info("compiled %d step programs in %.1f s: token buckets %s x row buckets %s",
-             len(engine.compiled_shapes), time.perf_counter() - t1, list(engine.token_buckets), list(engine.row_buckets))
+    with tqdm(total=1 if background else len(engine.bucket_shapes()), desc="Compiling step programs",
+              unit="program", leave=False, disable=None) as wbar:
+        engine.warmup(progress=wbar.update, background=background, begin=False)  # the rest: once serving
+    log.info("compiled %d step programs in %.1f s: token buckets %s (row buckets %s)%s",
+             len(engine.compiled_shapes), time.perf_counter() - t1, list(engine.token_buckets), list(engine.row_buckets),
+             f"; still compiling in the background: {list(engine.warming.pending)}" if engine.warming else "")
     if args.prefix_cache_dir is not None:
         _load_saved_prefix_cache(engine, args.prefix_cache_dir)
     metrics = ServerMetrics(name)
@@ -259,6 +264,16 @@ def main(argv: list[str] | None = None) -> int:
     async def lifespan(app):
         state.engine.start()
         log.info("serving %s on http://%s:%d", state.model_name, args.host, args.port)
+        # work that would slow the start if run beside it (it holds the interpreter lock): the step
+        # programs still to compile, then xgrammar's import and vocabulary scan (off the first
+        # constrained request's path; beside the compiles it slowed the first requests)
+        warm_grammar = state.grammar.warm_in_background if state.grammar is not None else None
+        warming = state.engine.engine.warming
+        if warming is not None:
+            warming.then = warm_grammar
+            warming.begin()
+        elif warm_grammar is not None:
+            warm_grammar()
         if state.ui:
             log.info("web page (chat playground, dashboard): http://%s:%d/ (--no-ui turns it off)", args.host, args.port)
         yield

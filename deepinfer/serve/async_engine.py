@@ -101,6 +101,7 @@ class AsyncEngine:
         self._wake.set()
         if self._thread is not None:
             self._thread.join(timeout)
+        self.engine.stop_warmup()  # a background compile must not outlive the server
 
     @property
     def alive(self) -> bool:

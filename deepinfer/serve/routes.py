@@ -50,7 +50,9 @@ async def debug_engine(request: Request):
             "prefix_cache": {"pages_used": snap.pages_used, "pages_cached": snap.pages_cached,
                              "pages_free": snap.pages_free, "blocks": snap.cached_blocks, "snapshots": snap.snapshots,
                              "queries": snap.prefix_queries, "hits": snap.prefix_hits,
-                             "replayed": snap.prefix_replayed}}
+                             "replayed": snap.prefix_replayed},
+            "step_programs": {"ready_token_buckets": list(snap.programs_ready),
+                              "compiling_token_buckets": list(snap.programs_compiling)}}
 
 
 def _model_card(state: ServerState) -> dict:

@@ -1,0 +1,40 @@
+"""Compiling a program ahead of time, from the shapes of its arguments, on any thread: the
+compiled program lands in JAX's own cache, so the first dispatch with real arrays compiles
+nothing. Used to compile step programs in the background while the engine serves
+(warmup.BackgroundWarmup) and the prefix-cache program beside the first step program."""
+
+from __future__ import annotations
+
+import threading
+
+import jax
+
+
+def abstract(tree):
+    """Shapes, dtypes and shardings of a tree of arrays (what a program is compiled for). A single
+    device's arrays go without a sharding: a dispatch with them lowers with the shardings left
+    unspecified, and a program compiled for a stated one would be another cache entry (measured:
+    every such program compiled again on first use)."""
+    def one(a):
+        sharding = a.sharding if len(a.sharding.device_set) > 1 else None
+        return jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=sharding)
+    return jax.tree.map(one, tree)
+
+
+class CompileAhead:
+    """``jitted.lower(*args).compile()`` on a worker thread; ``join()`` waits and re-raises its error.
+    Take ``abstract`` arguments on the caller's thread: live arrays may be donated meanwhile."""
+
+    def __init__(self, jitted, *args):
+        self.error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, args=(jitted, args), name="deepinfer-compile", daemon=True)
+        self._thread.start()
+
+    def _run(self, jitted, args) -> None:
+        try:
+            jitted.lower(*args).compile()
+        except BaseException as e:  # the caller's dispatch compiles it (and raises) instead
+            self.error = e
+
+    def join(self) -> None:
+        self._thread.join()
