@@ -6,8 +6,9 @@ and the number of compiled step programs, without and with JAX's persistent comp
 Three launches on the default model (built beforehand, not timed): compile cache
 off; cache on but empty (compiles and fills it); cache on and warm (the same
 folder again). Each: time to /health, time to the first token of one streamed
-request sent as soon as the server is up, and what the startup log says was
-compiled. Writes benchmarks/results/cold_start.json.
+request sent as soon as the server is up, what the startup log says was
+compiled before it was ready, and how long the rest took in the background
+(waited for before the next launch). Writes benchmarks/results/cold_start.json.
 """
 
 from __future__ import annotations
@@ -46,13 +47,22 @@ def run(label: str, args: list[str], log_path: str) -> dict:
     try:
         ttft = first_token_s(base)
         total = time.perf_counter() - t0
+        # the server keeps compiling its other programs in the background: let that finish (or time
+        # out) so the next launch does not share the cores with it and its time is in the record
+        deadline = time.perf_counter() + 300
+        while time.perf_counter() < deadline and "all step programs ready" not in open(log_path).read():
+            if "compiling in the background failed" in open(log_path).read():
+                break
+            time.sleep(0.5)
     finally:
         stop(proc)
     log = open(log_path).read()
     m = re.search(r"compiled (\d+) step programs in ([\d.]+) s", log)
+    background = re.search(r"all step programs ready \(([\d.]+) s in the background\)", log)
     return {"scenario": label, "seconds_to_health": round(up, 2), "seconds_to_first_token": round(total, 2),
-            "first_request_ttft_s": round(ttft, 3), "programs": int(m.group(1)) if m else None,
-            "warmup_compile_s": float(m.group(2)) if m else None}
+            "first_request_ttft_s": round(ttft, 3), "programs_before_ready": int(m.group(1)) if m else None,
+            "warmup_compile_s": float(m.group(2)) if m else None,
+            "background_compile_s": float(background.group(1)) if background else None}
 
 
 def main():
@@ -69,7 +79,8 @@ def main():
             r = run(label, extra + flags, os.path.join(os.path.dirname(args.out), "cold_start_server.log"))
             results.append(r)
             print(f"{label:>20}: first token after {r['seconds_to_first_token']} s (health after "
-                  f"{r['seconds_to_health']} s; {r['programs']} programs, warm-up compile {r['warmup_compile_s']} s)", flush=True)
+                  f"{r['seconds_to_health']} s; {r['programs_before_ready']} programs compiled before ready in "
+                  f"{r['warmup_compile_s']} s; the rest in {r['background_compile_s']} s in the background)", flush=True)
     record = {"benchmark": "cold_start", "server_args": args.server_args, "results": results}
     write_record(record, args.out)
 

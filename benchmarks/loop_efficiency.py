@@ -1,14 +1,19 @@
 """Loop efficiency: engine decode throughput / fused on-device generate() throughput.
 
-    python benchmarks/loop_efficiency.py [--models tiny,mid] [--batches 1,32] [--new-tokens 32]
+    python benchmarks/loop_efficiency.py [--models bundled,tiny,mid] [--batches 1,32] [--new-tokens 32]
+                                         [--sized-buckets]
 
 For each model and batch: the same requests (prompt --prompt-len, N new tokens,
 greedy) through LLMEngine with overlap on, then off, and through
 deepinfer.generate() (prefill + lax.while_loop, one program); decode rate =
 batch * (N - 1) / (T(N) - T(1)), best of 3, all measured in this one run. Also
 per step: host time, device time and device-busy fraction (runtime/step_timer.py).
+The engine runs with the default settings of LLM() and the server (buckets, budget, max_model_len),
+only max_num_seqs raised to the batch where it is larger than the default; --sized-buckets instead
+gives it one token bucket of exactly the batch (the round-one setting, which hid the bucket cost).
 Prints a table and one JSON record (also written to benchmarks/results/loop_efficiency.json).
-Random weights (configs/tiny_mixed.json, configs/mid.json); CPU unless a GPU is present.
+The bundled trained model, or random weights (configs/tiny_mixed.json, configs/mid.json); CPU unless
+a GPU is present.
 """
 
 from __future__ import annotations
@@ -35,11 +40,29 @@ from deepinfer.scheduler.sampling_params import SamplingParams  # noqa: E402
 CONFIGS = {"tiny": "tiny_mixed.json", "mid": "mid.json"}
 
 
-def measure(cfg, params, batch: int, plen: int, n: int, overlap: bool, fused_rate: float) -> dict:
+def load(name: str):
+    """(config, params) of the bundled model or a random one."""
+    if name == "bundled":
+        from deepinfer.default_model import default_model_dir
+        from deepinfer.model_loading import load_model
+
+        return load_model(default_model_dir(), mtp="skip")
+    cfg = ModelConfig.from_json_file(os.path.join(ROOT, "configs", CONFIGS[name]))
+    return cfg, init_params(model_spec(cfg, include_mtp=False), jax.random.key(0))
+
+
+def engine_config(batch: int, plen: int, n: int, overlap: bool, sized: bool) -> EngineConfig:
+    if sized:  # round one's setting: buckets of exactly this batch
+        return EngineConfig(max_num_seqs=batch, max_num_batched_tokens=batch * plen, max_model_len=plen + n + 1,
+                            page_size=16, token_buckets=(batch, batch * plen), row_buckets=(batch,), overlap=overlap,
+                            measure_device=True)
+    defaults = EngineConfig()
+    return EngineConfig(max_num_seqs=max(batch, defaults.max_num_seqs), overlap=overlap, measure_device=True)
+
+
+def measure(cfg, params, batch: int, plen: int, n: int, overlap: bool, fused_rate: float, sized: bool) -> dict:
     prompts = np.random.default_rng(1).integers(2, cfg.vocab_size, (batch, plen))
-    ec = EngineConfig(max_num_seqs=batch, max_num_batched_tokens=batch * plen, max_model_len=plen + n + 1, page_size=16,
-                      token_buckets=(batch, batch * plen), row_buckets=(batch,), overlap=overlap, measure_device=True)
-    engine = LLMEngine(cfg, params, ec)
+    engine = LLMEngine(cfg, params, engine_config(batch, plen, n, overlap, sized))
     engine.warmup()
 
     def run_engine(k):
@@ -79,23 +102,25 @@ def fused(cfg, params, batch: int, plen: int, n: int) -> float:
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--models", default="tiny,mid")
+    ap.add_argument("--models", default="bundled,tiny,mid")
+    ap.add_argument("--sized-buckets", action="store_true", help="one token bucket of exactly the batch (round one)")
     ap.add_argument("--batches", default="1,32")
     ap.add_argument("--prompt-len", type=int, default=32)
     ap.add_argument("--new-tokens", type=int, default=32)
     ap.add_argument("--out", default=os.path.join(ROOT, "benchmarks", "results", "loop_efficiency.json"))
     args = ap.parse_args()
     record = {"benchmark": "loop_efficiency", "device": jax.devices()[0].device_kind, "prompt_len": args.prompt_len,
+              "buckets": "sized to the batch" if args.sized_buckets else "engine defaults",
               "new_tokens": args.new_tokens, "results": []}
     print(f"{'model':6} {'batch':>5} {'overlap':>7} {'engine tok/s':>12} {'generate tok/s':>14} {'ratio':>6} "
           f"{'host ms/step':>12} {'device ms/step':>14} {'busy':>5}")
     for name in args.models.split(","):
-        cfg = ModelConfig.from_json_file(os.path.join(ROOT, "configs", CONFIGS[name]))
-        params = init_params(model_spec(cfg, include_mtp=False), jax.random.key(0))
+        cfg, params = load(name)
         for b in (int(x) for x in args.batches.split(",")):
             g = fused(cfg, params, b, args.prompt_len, args.new_tokens)
             for overlap in (True, False):
-                r = {"model": name, **measure(cfg, params, b, args.prompt_len, args.new_tokens, overlap, g)}
+                r = {"model": name, **measure(cfg, params, b, args.prompt_len, args.new_tokens, overlap, g,
+                                              args.sized_buckets)}
                 record["results"].append(r)
                 print(f"{name:6} {b:>5} {'on' if overlap else 'off':>7} {r['engine_decode_tok_s']:>12} "
                       f"{r['generate_decode_tok_s']:>14} {r['ratio']:>6} {r['host_ms_per_step']:>12} "
