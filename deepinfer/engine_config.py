@@ -105,12 +105,21 @@ class EngineConfig:
             raise ValueError(f"speculative_config: num_speculative_tokens {k} exceeds max_backtrack {self.max_backtrack}")
         return k
 
+    def _default_token_buckets(self) -> tuple[int, ...]:
+        """Powers of two from 16 to the budget (prefill chunks and large decode steps), and below 16
+        those a decode step can fill (max_num_seqs rows of 1 + drafts tokens): 1, 2, 4, 8 for 16
+        sequences; 1, 2 for 2 (a 4- or 8-token bucket would only hold short prefill chunks there)."""
+        top = self.max_num_batched_tokens
+        decode = self.max_num_seqs * (1 + self.num_speculative_tokens())
+        small = [b for b in (1, 2, 4, 8) if b < min(16, top) and (b == 1 or b // 2 < decode)]
+        return tuple(small) + _powers_of_two(min(16, top), top)
+
     def buckets(self) -> tuple[tuple[int, ...], tuple[int, ...]]:
         """(token buckets, row buckets). Each token bucket is one program, compiled with the row bucket
         scheduler/buckets.rows_for gives it. The defaults start at 1 so that a small decode step runs in a
         shape of its own size: a batch-1 decode in a 16-token bucket cost 4.6x a 1-token one (bundled
         model, CPU: 10.1 against 2.2 ms)."""
-        tokens = self.token_buckets or _powers_of_two(1, self.max_num_batched_tokens)
+        tokens = self.token_buckets or self._default_token_buckets()
         rows = self.row_buckets or _powers_of_two(1, self.max_num_seqs)
         if tokens[-1] < self.max_num_batched_tokens or rows[-1] < self.max_num_seqs:
             raise ValueError("the largest buckets must cover max_num_batched_tokens and max_num_seqs")

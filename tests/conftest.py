@@ -29,7 +29,7 @@ def server_cache(tmp_path_factory):
 
 # the bundled model's server as the README's example runs it (tests/test_bundled_model.py); the
 # structured-output server tests share it, so the suite starts (and compiles) it once
-BUNDLED_SERVER_ARGS = ["--max-num-seqs", "2", "--max-num-batched-tokens", "64"]
+BUNDLED_SERVER_ARGS = ["--max-num-seqs", "2", "--max-num-batched-tokens", "64", "--token-buckets", "2,16,64"]
 
 
 @pytest.fixture(scope="session")

@@ -22,7 +22,8 @@ from tests.server_process import ServerProcess
 
 KEY = "test-key-123"
 MODEL = "deepinfer-tiny-random"
-ARGS = ["--api-key", KEY, "--max-num-seqs", "8", "--max-num-batched-tokens", "64", "--max-model-len", "2048",
+ARGS = ["--api-key", KEY, "--max-num-seqs", "8", "--max-num-batched-tokens", "64", "--token-buckets", "8,64",
+        "--max-model-len", "2048",
         "--max-waiting", "40", "--max-body-bytes", "20000", "--scheduling-policy", "priority",
         "--trust-request-chat-template"]
 

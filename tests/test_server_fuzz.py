@@ -26,7 +26,7 @@ VOCAB = 260
 LIMIT = 8 + 40  # max-num-seqs + max-waiting
 # the same step shapes as tests/test_server.py, so the shared compilation cache serves both
 ARGS = ["--served-model-name", MODEL, "--api-key", KEY, "--max-num-seqs", "8", "--max-num-batched-tokens", "64",
-        "--max-model-len", "2048", "--max-waiting", "40", "--max-body-bytes", "100000"]
+        "--token-buckets", "8,64", "--max-model-len", "2048", "--max-waiting", "40", "--max-body-bytes", "100000"]
 SCHEMATHESIS_EXAMPLES = 25  # per operation and mode: 4 POST operations x 2 modes = 200 requests
 
 

@@ -34,7 +34,8 @@ def server(server_cache, tmp_path_factory):
     model = without_tokenizer(ensure_random_model(server_cache), str(tmp_path_factory.mktemp("no-tokenizer")))
     # the step shapes of tests/test_server.py's server: its compiled programs are reused from the cache
     srv = ServerProcess(["--model", model, "--served-model-name", MODEL, "--max-num-seqs", "8",
-                         "--max-num-batched-tokens", "64", "--max-model-len", "2048", "--shutdown-timeout", str(TIMEOUT_S)],
+                         "--max-num-batched-tokens", "64", "--token-buckets", "8,64", "--max-model-len", "2048",
+                         "--shutdown-timeout", str(TIMEOUT_S)],
                         server_cache, str(tmp_path_factory.mktemp("log") / "server.log"))
     yield srv
     srv.stop()

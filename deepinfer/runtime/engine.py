@@ -5,8 +5,8 @@
     while engine.has_unfinished: finished = engine.step()
 
 Pools are sized from a memory budget (``kv_memory_bytes``), logged at start as a
-capacity in tokens and requests. Token and request counts are padded to buckets;
-``warmup()`` compiles every bucket pair so nothing compiles while serving.
+capacity in tokens and requests. Steps are padded to bucket shapes (scheduler/buckets.py);
+``warmup()`` compiles them all, or one and the rest in the background (runtime/warmup.py).
 
 Overlap (default): ``step()`` schedules and dispatches step N+1 before it reads
 step N's tokens, so the device never waits for the host. Tokens the host does
@@ -50,12 +50,13 @@ from deepinfer.runtime.paged_step import (
 )
 from deepinfer.runtime.platform import platform_in_use, require_feature
 from deepinfer.runtime.prefix_runtime import PrefixRuntime, cache_settings
+from deepinfer.runtime.request_checks import check_request
 from deepinfer.runtime.step_results import read_step
 from deepinfer.runtime.step_timer import StepTimer
 from deepinfer.scheduler.buckets import rows_for, step_shape
 from deepinfer.scheduler.plan import PlanShape, pack
 from deepinfer.scheduler.request import Request
-from deepinfer.scheduler.sampling_params import MAX_BIAS_SLOTS, SamplingParams
+from deepinfer.scheduler.sampling_params import SamplingParams
 from deepinfer.scheduler.scheduler import Scheduler, SchedulerConfig, StepPlan
 
 log = logging.getLogger("deepinfer.runtime.engine")
@@ -156,19 +157,7 @@ class LLMEngine:
         ``priority``: lower is scheduled first under scheduling_policy "priority"; any other policy
         refuses a non-zero one (it would be silently ignored)."""
         sp = sampling_params or SamplingParams()
-        if sp.n != 1:
-            raise ValueError(f"LLMEngine runs one sequence per request: split n={sp.n} with SamplingParams.choices()")
-        ids = [int(t) for t in prompt_token_ids]
-        bad = [t for t in ids if not 0 <= t < self.cfg.vocab_size]
-        if bad:
-            raise ValueError(f"prompt token ids {bad[:8]} are outside the vocabulary (size {self.cfg.vocab_size})")
-        bad = [t for t in [*sp.logit_bias, *sp.stop_token_ids, *sp.reasoning_end_token_ids] if t >= self.cfg.vocab_size]
-        if bad:
-            raise ValueError(f"logit_bias / stop_token_ids / reasoning_end_token_ids name token ids {bad[:8]} outside the vocabulary (size {self.cfg.vocab_size})")
-        if sp.top_k > self.cfg.vocab_size:
-            raise ValueError(f"top_k must be -1 (off), 0 (off) or at most the vocabulary size {self.cfg.vocab_size}, got {sp.top_k}")
-        if sp.min_tokens and len(set(sp.stop_token_ids) | set(self.cfg.eos_token_ids)) + len(sp.logit_bias) > MAX_BIAS_SLOTS:
-            raise ValueError(f"logit_bias plus the ids min_tokens blocks exceed {MAX_BIAS_SLOTS} entries")
+        ids = check_request(self.cfg, prompt_token_ids, sp)
         rid = request_id if request_id is not None else f"req-{next(self._ids)}"
         if rid in self._seeds:
             raise ValueError(f"request id {rid!r} is already in use")
@@ -326,7 +315,7 @@ class LLMEngine:
         self.updated = []
         self.last_wait_s = 0.0  # time this step() waited for device results (the rest is host time)
         if self.warming is not None:
-            self._follow_warmup()
+            warmup.follow_background(self)
         plan = self.scheduler.schedule()
         dispatched = None
         finished: list[Request] = []
@@ -387,42 +376,19 @@ class LLMEngine:
                 for t in self.token_buckets]
 
     def warmup(self, progress=None, background: bool = False, begin: bool = True) -> int:
-        """Compile the step for every bucket shape (``progress(1)`` after each), and with
-        ``EngineConfig.warm_structured`` its two halves (constrained steps with overlap); time the
-        step-cost model of confidence scheduling. ``background``: compile one shape now and the rest
-        on a worker thread while serving (``warming``; ``begin=False``: started by ``warming.begin()``).
-        Returns the number of step shapes compiled before returning (warmup.py)."""
+        """Compile every bucket shape's step (``progress(1)`` after each), or with ``background`` one
+        now and the rest on a worker thread while serving (``warming``; ``begin=False``: started by
+        ``warming.begin()``); time confidence scheduling's cost model. Returns how many compiled now."""
         return warmup.warm_up(self, progress, background, begin)
 
-    def start_background_warmup(self, job: "warmup.BackgroundWarmup") -> None:
-        self.warming = job
-        self._follow_warmup()
-
     def ready_token_buckets(self) -> tuple[int, ...]:
-        """The token buckets whose programs may be dispatched now (all of them, unless a background
-        warm-up is still compiling: then only those it has finished)."""
+        """The token buckets whose programs may be dispatched now (all, unless a background warm-up
+        is still compiling: then those it has finished)."""
         return self.token_buckets if self.warming is None else self.warming.ready_tokens()
-
-    def _follow_warmup(self) -> None:
-        """Cap the scheduler's token budget at the largest program ready (a prompt is prefilled in
-        chunks that fit it); lift the cap once the background warm-up has compiled everything."""
-        if self.warming.done and not self.warming.pending:
-            self.warming = None
-            self.scheduler.token_budget = self.config.max_num_batched_tokens
-        else:
-            self.scheduler.token_budget = min(self.config.max_num_batched_tokens, self.warming.ready_tokens()[-1])
 
     def wait_warm(self, timeout: float | None = None) -> bool:
         """Block until a background warm-up has compiled every program; True when none is left."""
-        if self.warming is not None:
-            self.warming.wait(timeout)
-            self._follow_warmup()
-        return self.warming is None
-
-    def stop_warmup(self) -> None:
-        """Stop a background warm-up (after the program it is compiling): shutting down."""
-        if self.warming is not None:
-            self.warming.stop()
+        return warmup.wait_background(self, timeout)
 
     def run_until_done(self) -> None:
         while self.has_unfinished:

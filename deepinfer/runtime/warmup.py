@@ -41,7 +41,8 @@ def warm_up(engine, progress=None, background: bool = False, begin: bool = True)
         # the small decode shapes first (every decode step runs in one), then the larger ones
         rest = sorted((s for s in shapes if s != first), key=lambda s: (s.num_tokens > first.num_tokens, s.num_tokens))
         structured = engine.config.warm_structured and engine.grammar is not None and engine.overlap
-        engine.start_background_warmup(BackgroundWarmup(engine, first, rest, structured))
+        engine.warming = BackgroundWarmup(engine, first, rest, structured)
+        follow_background(engine)
         if begin:
             engine.warming.begin()
         log.info("warm-up: serving with the %d-token program; %d more compiling in the background (token buckets %s)",
@@ -72,6 +73,24 @@ def warm_up(engine, progress=None, background: bool = False, begin: bool = True)
         engine.step_timer.drain()
         engine.step_timer.reset()
     return len(engine.compiled_shapes)
+
+
+def follow_background(engine) -> None:
+    """Cap the scheduler's token budget at the largest program ready (a prompt is prefilled in
+    chunks that fit it); lift the cap once the background warm-up has compiled everything."""
+    if engine.warming.done and not engine.warming.pending:
+        engine.warming = None
+        engine.scheduler.token_budget = engine.config.max_num_batched_tokens
+    else:
+        engine.scheduler.token_budget = min(engine.config.max_num_batched_tokens, engine.warming.ready_tokens()[-1])
+
+
+def wait_background(engine, timeout: float | None = None) -> bool:
+    """Block until a background warm-up has compiled every program; True when none is left."""
+    if engine.warming is not None:
+        engine.warming.wait(timeout)
+        follow_background(engine)
+    return engine.warming is None
 
 
 def _compile_by_running(engine, shape: PlanShape) -> None:

@@ -100,13 +100,11 @@ class Scheduler:
         self._arrivals = 0
         self.num_preemptions = 0
         self.spec_stats = SpecStats()
-        # seconds per step by (tokens, rows, draft depth, grid width), measured by the engine at warm-up
-        # and refined in the loop (step_cost.StepCostModel); with it,
-        # drafts are confidence-scheduled (speculation.plan_speculation), without it every eligible
-        # row verifies k
+        # seconds per step by (tokens, rows, draft depth, grid width), measured by the engine at warm-up and
+        # refined in the loop (step_cost.StepCostModel); with it, drafts are confidence-scheduled
+        # (speculation.plan_speculation), without it every eligible row verifies k
         self.step_cost = None
-        # tokens one step may hold: max_num_batched_tokens, lowered by the engine while only smaller
-        # step programs are compiled (a background warm-up)
+        # tokens a step may hold: lowered by the engine while a background warm-up compiles
         self.token_budget = config.max_num_batched_tokens
 
     # -- requests in and out -------------------------------------------------

@@ -65,6 +65,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "arrival; the least urgent running request is the one preempted when memory runs out")
     p.add_argument("--trust-request-chat-template", action="store_true",
                    help="let requests send their own 'chat_template' (rendered in Jinja's sandbox); refused otherwise")
+    p.add_argument("--token-buckets", type=_buckets, default=None,
+                   help="step sizes in tokens to compile, comma-separated, e.g. 16,64,256 (the largest must be "
+                        "--max-num-batched-tokens; default: 1, 2, 4, 8 as far as a decode step fills them, then "
+                        "powers of two from 16); like vLLM's --cuda-graph-sizes")
     p.add_argument("--warmup", choices=("background", "full"), default="background",
                    help="background: compile one step program, start serving with it (prefill in chunks of its "
                         "size) and compile the rest on a worker thread, each used once ready; full: compile every "
@@ -122,6 +126,16 @@ def ui_enabled(args: argparse.Namespace) -> bool:
     return args.host in ("localhost", "::1") or args.host.startswith("127.")
 
 
+def _buckets(text: str) -> tuple[int, ...]:
+    try:
+        sizes = tuple(sorted({int(x) for x in text.split(",") if x.strip()}))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+    if not sizes or sizes[0] < 1:
+        raise argparse.ArgumentTypeError(f"expected positive integers, got {text!r}")
+    return sizes
+
+
 def build_state(args: argparse.Namespace):
     """Load the model, build and warm the engine. Returns the ServerState."""
     import jax
@@ -171,6 +185,7 @@ def build_state(args: argparse.Namespace):
         raise ValueError(f"--max-model-len {max_len} exceeds the model's max_position_embeddings {cfg.max_position_embeddings}")
     ec = EngineConfig(
         max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens, max_model_len=max_len,
+        token_buckets=args.token_buckets,
         kv_memory_bytes=parse_bytes(args.kv_memory) if args.kv_memory else None, overlap=not args.no_overlap,
         measure_device=True,  # device time and busy fraction for /metrics (one watcher thread)
         batch_invariant=args.batch_invariant, speculative_config=args.speculative_config,

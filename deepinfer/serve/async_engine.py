@@ -101,7 +101,8 @@ class AsyncEngine:
         self._wake.set()
         if self._thread is not None:
             self._thread.join(timeout)
-        self.engine.stop_warmup()  # a background compile must not outlive the server
+        if self.engine.warming is not None:  # a background compile must not outlive the server
+            self.engine.warming.stop()
 
     @property
     def alive(self) -> bool:
