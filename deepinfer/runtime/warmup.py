@@ -38,6 +38,9 @@ def warm_up(engine, progress=None, background: bool = False, begin: bool = True)
         if ahead is not None:
             ahead.join()
             engine.prefix.warmup()
+        if engine.step_timer is not None:  # the warm-up step is not a serving step
+            engine.step_timer.drain()
+            engine.step_timer.reset()
         # the small decode shapes first (every decode step runs in one), then the larger ones
         rest = sorted((s for s in shapes if s != first), key=lambda s: (s.num_tokens > first.num_tokens, s.num_tokens))
         structured = engine.config.warm_structured and engine.grammar is not None and engine.overlap
