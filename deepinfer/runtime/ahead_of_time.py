@@ -22,19 +22,19 @@ def abstract(tree):
 
 
 class CompileAhead:
-    """``jitted.lower(*args).compile()`` on a worker thread; ``join()`` waits and re-raises its error.
+    """``jitted.lower(*args).compile()`` on a worker thread; ``join()`` waits for it. A failure is
+    left to the caller's own dispatch, which compiles again and raises it where it is handled.
     Take ``abstract`` arguments on the caller's thread: live arrays may be donated meanwhile."""
 
     def __init__(self, jitted, *args):
-        self.error: BaseException | None = None
         self._thread = threading.Thread(target=self._run, args=(jitted, args), name="deepinfer-compile", daemon=True)
         self._thread.start()
 
     def _run(self, jitted, args) -> None:
         try:
             jitted.lower(*args).compile()
-        except BaseException as e:  # the caller's dispatch compiles it (and raises) instead
-            self.error = e
+        except Exception:  # the caller's dispatch compiles it again and raises there
+            pass
 
     def join(self) -> None:
         self._thread.join()

@@ -37,18 +37,18 @@ def leaf_kinds(family: ModelFamily, cfg, layout: PagedLayout) -> list[str]:
 
 
 def init_store(family: ModelFamily, cfg, layout: PagedLayout, dtype, num_snapshots: int) -> list[jax.Array]:
+    """The zeroed snapshot store, built by one program (as kv/paged_state.init_engine_state: leaf by
+    leaf, each new shape of zeros compiled a program of its own)."""
+    return _init_store_jit(family, cfg, layout, jnp.dtype(dtype), num_snapshots)
+
+
+def _init_store(family: ModelFamily, cfg, layout: PagedLayout, dtype, num_snapshots: int) -> list[jax.Array]:
     shapes = jax.tree.leaves(jax.eval_shape(lambda: family.init_state(cfg, layout, dtype)))
     kinds = leaf_kinds(family, cfg, layout)
-    store = tuple((num_snapshots, *x.shape[1:], jnp.dtype(x.dtype)) for x, k in zip(shapes, kinds) if k == "slot")
-    return list(_zeros_jit(store))
+    return [jnp.zeros((num_snapshots, *x.shape[1:]), x.dtype) for x, k in zip(shapes, kinds) if k == "slot"]
 
 
-def _zeros(shapes: tuple) -> tuple:
-    return tuple(jnp.zeros(s[:-1], s[-1]) for s in shapes)
-
-
-# one program for every zeroed leaf (one compile instead of one per distinct shape)
-_zeros_jit = jax.jit(_zeros, static_argnums=0)
+_init_store_jit = jax.jit(_init_store, static_argnums=(0, 1, 2, 3, 4))
 
 
 def snapshot_bytes(family: ModelFamily, cfg, layout: PagedLayout, dtype) -> int:
