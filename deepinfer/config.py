@@ -103,6 +103,9 @@ class ModelConfig:
     # Which implementation each kernel op runs (Pallas kernel or pure-JAX reference; pallas_kernels/
     # selection.py), static for the same reason; set by the engine from the platform and DEEPINFER_KERNELS.
     kernels: KernelChoice = KernelChoice()
+    # The mesh and placement rules of a multi-device engine (sharding/plan.py ShardingPlan), static
+    # for the same reason; set by the engine from its parallel layout. None: one device.
+    sharding: Any = None
 
     # -- derived facts -----------------------------------------------------
 

@@ -12,6 +12,7 @@ from deepinfer.models.interface import ModelFamily, PagedLayout
 from deepinfer.scheduler.queue_order import check_policy
 from deepinfer.scheduler.scheduler import PoolSpec
 from deepinfer.scheduler.speculation import MAX_DRAFT_TOKENS
+from sharding.parallel import ParallelConfig
 
 
 def _powers_of_two(lo: int, hi: int) -> tuple[int, ...]:
@@ -59,11 +60,18 @@ class EngineConfig:
     # vLLM's --scheduling-policy: "fcfs" (arrival order) or "priority" (each request's priority, lower
     # first; scheduler/queue_order.py)
     scheduling_policy: str = "fcfs"
+    # the parallel layout, vLLM's names (sharding/parallel.py): attention data-parallel ranks, tensor
+    # parallel width, routed experts split over every device, context-parallel prefill ranks
+    data_parallel_size: int = 1
+    tensor_parallel_size: int = 1
+    enable_expert_parallel: bool = False
+    context_parallel_size: int = 1
     # check the allocator invariant after every step (tests; env DEEPINFER_CHECK_INVARIANTS=1)
     check_invariants: bool = field(default_factory=lambda: os.environ.get("DEEPINFER_CHECK_INVARIANTS") == "1")
 
     def __post_init__(self):
         self.num_speculative_tokens()  # refuse bad values at construction, naming them
+        self.parallel()
         check_policy(self.scheduling_policy)
         if self.prefix_replay not in ("snapshot", "recompute"):
             raise ValueError(f"prefix_replay must be 'snapshot' or 'recompute', got {self.prefix_replay!r}")
@@ -75,6 +83,10 @@ class EngineConfig:
                              f"prefix_block_size ({self.prefix_block_size})")
         if self.prefix_snapshots is not None and self.prefix_snapshots < 0:
             raise ValueError(f"prefix_snapshots must be >= 0, got {self.prefix_snapshots}")
+
+    def parallel(self) -> ParallelConfig:
+        return ParallelConfig(self.data_parallel_size, self.tensor_parallel_size, self.enable_expert_parallel,
+                              self.context_parallel_size)
 
     def num_prefix_snapshots(self) -> int:
         return 4 * self.max_num_seqs if self.prefix_snapshots is None else self.prefix_snapshots

@@ -61,7 +61,31 @@ def _init_state(family: ModelFamily, cfg, layout: PagedLayout, dtype) -> EngineS
     )
 
 
-_init_state_jit = jax.jit(_init_state, static_argnums=(0, 1, 2, 3))
+def _init_state_placed(family: ModelFamily, cfg, layout: PagedLayout, dtype) -> EngineState:
+    return pin_state(family, cfg, layout, _init_state(family, cfg, layout, dtype))
+
+
+_init_state_jit = jax.jit(_init_state_placed, static_argnums=(0, 1, 2, 3))
+
+
+def state_shardings(family: ModelFamily, cfg, layout: PagedLayout):
+    """The EngineState's NamedShardings on ``cfg.sharding``'s mesh (None: one device). Every leaf is led
+    by "slot" or "pages:<pool>" (the family's state_axes; the runtime's own leaves are per slot)."""
+    plan = getattr(cfg, "sharding", None)  # a family's config without one runs on one device
+    if plan is None:
+        return None
+    slot = lambda n: ("slot",) + (None,) * (n - 1)  # noqa: E731
+    axes = EngineState(model=family.state_axes(cfg, layout), last_token=slot(1), counts=slot(2),
+                       in_prompt=slot(2), drafts=slot(2), shift=slot(1))
+    return plan.state_shardings(axes)
+
+
+def pin_state(family: ModelFamily, cfg, layout: PagedLayout, state: EngineState) -> EngineState:
+    """Inside a program: the state leaves with the shardings they came in with, so a step's output
+    state is placed as its input was (left to the partitioner, a leaf could come back split
+    differently: the next dispatch would then compile again and move it)."""
+    shardings = state_shardings(family, cfg, layout)
+    return state if shardings is None else jax.lax.with_sharding_constraint(state, shardings)
 
 
 def _state_bytes(family: ModelFamily, cfg, layout: PagedLayout, dtype) -> int:

@@ -43,6 +43,7 @@ from deepinfer.runtime import recovery, warmup
 from deepinfer.runtime.batch_invariance import check_xla
 from deepinfer.runtime.compile_guard import CompileCounter
 from deepinfer.runtime.engine_stats import EngineStats, engine_stats, kv_usage
+from deepinfer.runtime.mesh_setup import on_mesh
 from deepinfer.runtime.paged_step import (
     paged_forward_jit,
     paged_sample_jit,
@@ -82,8 +83,9 @@ class LLMEngine:
             check_xla(jax.default_backend())
         if config.batch_invariant != cfg.batch_invariant:
             cfg = cfg.replace(batch_invariant=config.batch_invariant)
-        self.cfg, self.params, self.config = cfg, params, config
-        self.family = family or family_for(cfg)
+        family = family or family_for(cfg)
+        cfg, params = on_mesh(family, cfg, params, config)  # one device: as they are
+        self.cfg, self.params, self.config, self.family = cfg, params, config, family
         self.num_drafts = config.num_speculative_tokens()
         if self.num_drafts:
             if self.family.draft_forward is None:

@@ -16,7 +16,7 @@ import jax.numpy as jnp
 
 from deepinfer.config import ModelConfig
 from deepinfer.grammar.step_mask import bitmask_words
-from deepinfer.kv.paged_state import EngineState
+from deepinfer.kv.paged_state import EngineState, pin_state
 from deepinfer.models.interface import FlatBatch, ModelFamily, PagedLayout
 from deepinfer.numerics import per_token
 from deepinfer.runtime.sampler import (
@@ -283,7 +283,9 @@ def paged_step(
     [R, num_drafts + 1, ceil(V/32)]) -> (outputs, new state)."""
     pools = tuple(name for name, _ in layout.num_pages)
     tok, rows, tables = unpack(shape, pools, ints, floats)
-    return run_step(family, cfg, layout, params, state, tok, rows, tables, shape.num_drafts, bitmask, shape.varlen)
+    out, state = run_step(family, cfg, layout, params, state, tok, rows, tables, shape.num_drafts, bitmask,
+                          shape.varlen)
+    return out, pin_state(family, cfg, layout, state)
 
 
 def paged_forward_step(family, cfg, layout, shape: PlanShape, params, state, ints, floats):
@@ -291,15 +293,17 @@ def paged_forward_step(family, cfg, layout, shape: PlanShape, params, state, int
     grammar mask while this runs, then dispatches ``paged_sample_step``)."""
     pools = tuple(name for name, _ in layout.num_pages)
     tok, rows, tables = unpack(shape, pools, ints, floats)
-    return forward_half(family, cfg, layout, params, state, tok, rows, tables)
+    fwd, state = forward_half(family, cfg, layout, params, state, tok, rows, tables)
+    return fwd, pin_state(family, cfg, layout, state)
 
 
 def paged_sample_step(family, cfg, layout, shape: PlanShape, params, state, fwd: Forwarded, ints, floats, bitmask):
     """The sampling half of the engine's step, after ``paged_forward_step``."""
     pools = tuple(name for name, _ in layout.num_pages)
     tok, rows, tables = unpack(shape, pools, ints, floats)
-    return sample_half(family, cfg, layout, params, state, fwd, tok, rows, tables, shape.num_drafts, bitmask,
-                       shape.varlen)
+    out, state = sample_half(family, cfg, layout, params, state, fwd, tok, rows, tables, shape.num_drafts, bitmask,
+                             shape.varlen)
+    return out, pin_state(family, cfg, layout, state)
 
 
 # One program per static (family, config, layout, plan shape); the state is updated in place.

@@ -19,7 +19,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from deepinfer.kv.paged_state import EngineState
+from deepinfer.kv.paged_state import EngineState, pin_state
 from deepinfer.models.interface import ModelFamily, PagedLayout
 
 
@@ -45,7 +45,16 @@ def init_store(family: ModelFamily, cfg, layout: PagedLayout, dtype, num_snapsho
 def _init_store(family: ModelFamily, cfg, layout: PagedLayout, dtype, num_snapshots: int) -> list[jax.Array]:
     shapes = jax.tree.leaves(jax.eval_shape(lambda: family.init_state(cfg, layout, dtype)))
     kinds = leaf_kinds(family, cfg, layout)
-    return [jnp.zeros((num_snapshots, *x.shape[1:]), x.dtype) for x, k in zip(shapes, kinds) if k == "slot"]
+    return _pin_store(cfg, [jnp.zeros((num_snapshots, *x.shape[1:]), x.dtype)
+                            for x, k in zip(shapes, kinds) if k == "slot"])
+
+
+def _pin_store(cfg, store: list[jax.Array]) -> list[jax.Array]:
+    """On a mesh, the store is whole on every device (as pin_state does for the state: placed the same
+    way in and out of every program)."""
+    if getattr(cfg, "sharding", None) is None:
+        return store
+    return [jax.lax.with_sharding_constraint(x, cfg.sharding.replicated()) for x in store]
 
 
 _init_store_jit = jax.jit(_init_store, static_argnums=(0, 1, 2, 3, 4))
@@ -117,7 +126,8 @@ def cache_ops(family: ModelFamily, cfg, layout: PagedLayout, shape: OpsShape, st
         counts = counts.at[jnp.where(mark_out > 0, mark_slot, counts.shape[0]), mark_tok].add(1, mode="drop")
         in_prompt = in_prompt.at[jnp.where(mark_out > 0, in_prompt.shape[0], mark_slot), mark_tok].set(True, mode="drop")
     model = jax.tree.unflatten(treedef, out)
-    return state.replace(model=model, counts=counts, in_prompt=in_prompt), store
+    state = state.replace(model=model, counts=counts, in_prompt=in_prompt)
+    return pin_state(family, cfg, layout, state), _pin_store(cfg, store)
 
 
 cache_ops_jit = jax.jit(cache_ops, static_argnums=(0, 1, 2, 3), donate_argnums=(4, 5))

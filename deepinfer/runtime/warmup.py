@@ -14,6 +14,7 @@ import jax.numpy as jnp
 
 from deepinfer.runtime.ahead_of_time import abstract
 from deepinfer.runtime.paged_step import paged_forward_jit, paged_sample_jit, paged_step_jit
+from deepinfer.runtime.step_program import abstract_inputs
 from deepinfer.scheduler.plan import PlanShape, pack, row_field_at
 from deepinfer.scheduler.step_cost import StepCostModel
 from deepinfer.scheduler.step_plan import StepPlan
@@ -173,10 +174,7 @@ class BackgroundWarmup:
         params, state = abstract(engine.params), abstract(engine.state)
         jobs = []
         for shape in rest:
-            ints, floats = (jnp.asarray(a) for a in pack(StepPlan(), engine.pools, shape, engine.layout.num_slots, {},
-                                                         engine.cfg.vocab_size))
-            inputs = abstract((ints, floats, engine._bitmask(StepPlan(), shape)))
-            jobs.append((shape, inputs))
+            jobs.append((shape, abstract_inputs(engine, shape)))
         self._thread = threading.Thread(target=self._run, args=(args, params, state, jobs, structured),
                                         name="deepinfer-warmup", daemon=True)
 

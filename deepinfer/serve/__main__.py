@@ -65,6 +65,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "arrival; the least urgent running request is the one preempted when memory runs out")
     p.add_argument("--trust-request-chat-template", action="store_true",
                    help="let requests send their own 'chat_template' (rendered in Jinja's sandbox); refused otherwise")
+    par = p.add_argument_group("parallel layout (vLLM's flags; sharding/parallel.py)")
+    par.add_argument("--tensor-parallel-size", "-tp", type=int, default=1,
+                     help="split heads, vocabulary and MLP widths over this many devices")
+    par.add_argument("--data-parallel-size", "-dp", type=int, default=1,
+                     help="attention data-parallel ranks (not built yet: refused above 1)")
+    par.add_argument("--context-parallel-size", type=int, default=1,
+                     help="context-parallel prefill ranks (not built yet: refused above 1)")
+    par.add_argument("--enable-expert-parallel", action="store_true",
+                     help="split the routed experts over every device (EP = DP x CP x TP)")
     p.add_argument("--token-buckets", type=_buckets, default=None,
                    help="step sizes in tokens to compile, comma-separated, e.g. 16,64,256 (the largest must be "
                         "--max-num-batched-tokens; default: 1, 2, 4, 8 as far as a decode step fills them, then "
@@ -166,7 +175,11 @@ def build_state(args: argparse.Namespace):
     name = args.served_model_name or (DEFAULT_NAME if args.model is None else os.path.basename(os.path.normpath(model_dir)))
     t0 = time.perf_counter()
     progress = LoadProgress(log=log)  # a bar on a terminal, log lines at each quarter otherwise
-    speculating = EngineConfig(speculative_config=args.speculative_config).num_speculative_tokens() > 0
+    early = EngineConfig(  # refused before the weights load: the speculation and layout flags
+        speculative_config=args.speculative_config, tensor_parallel_size=args.tensor_parallel_size,
+        data_parallel_size=args.data_parallel_size, context_parallel_size=args.context_parallel_size,
+        enable_expert_parallel=args.enable_expert_parallel)
+    speculating = early.num_speculative_tokens() > 0
     try:
         cfg, params = load_model(model_dir, dtype=args.dtype, mtp="require" if speculating else "skip",
                                  quantized_weights=args.quantized_weights, progress=progress)
@@ -192,6 +205,8 @@ def build_state(args: argparse.Namespace):
         warm_structured=args.warm_structured, enable_prefix_caching=args.enable_prefix_caching,
         prefix_checkpoint_interval=args.prefix_checkpoint_interval, prefix_replay=args.prefix_replay,
         prefix_snapshots=args.prefix_snapshots, scheduling_policy=args.scheduling_policy,
+        tensor_parallel_size=args.tensor_parallel_size, data_parallel_size=args.data_parallel_size,
+        context_parallel_size=args.context_parallel_size, enable_expert_parallel=args.enable_expert_parallel,
     )
     grammar = None
     if tokenizer is not None:
@@ -200,8 +215,7 @@ def build_state(args: argparse.Namespace):
     if ec.batch_invariant:
         log.info("batch-invariant mode: on (XLA_FLAGS=%s)", os.environ.get("XLA_FLAGS", ""))
     if engine.num_drafts:
-        log.info("speculative decoding: the MTP block drafts up to %d tokens per decode row "
-                 "(overlap is off while speculating)", engine.num_drafts)
+        log.info("speculative decoding: the MTP block drafts up to %d tokens per decode row", engine.num_drafts)
     background = args.warmup == "background"
     t1 = time.perf_counter()
     with tqdm(total=1 if background else len(engine.bucket_shapes()), desc="Compiling step programs",

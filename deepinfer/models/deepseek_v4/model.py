@@ -29,7 +29,16 @@ def lm_head(cfg: ModelConfig, params: dict, head_params: dict, norm_w: jax.Array
     """Collapse streams with a hyper-connection head, norm, project to the vocabulary (fp32 logits)."""
     x = rms_norm(hc_head(cfg, head_params, streams), norm_w, cfg.rms_norm_eps)
     w = params["embed"] if cfg.tie_word_embeddings else params["head"]
-    return einsum_f32("...d,vd->...v", x, w.astype(x.dtype))
+    logits = einsum_f32("...d,vd->...v", x, w.astype(x.dtype))
+    if cfg.sharding is not None:
+        # each device its slice of the vocabulary, then the logits whole on every device (one all-gather
+        # of [.., V]). Left split, the sampler's top-k and sorts became distributed sorts (84
+        # collective-permutes in a decode step); asked whole at once, XLA gathered the head weight instead
+        plan = cfg.sharding
+        split = jax.sharding.PartitionSpec(*(None,) * (logits.ndim - 1), plan.rules.get("vocab"))
+        logits = jax.lax.with_sharding_constraint(logits, jax.sharding.NamedSharding(plan.mesh, split))
+        logits = jax.lax.with_sharding_constraint(logits, plan.replicated())
+    return logits
 
 
 def default_positions(tokens: jax.Array) -> jax.Array:

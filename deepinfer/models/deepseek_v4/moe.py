@@ -48,12 +48,46 @@ def routed_experts(cfg: ModelConfig, p: dict, x: jax.Array, weights: jax.Array, 
     The choice is static (from the token count), so in batch-invariant mode, where the
     block runs in fixed token tiles, every tile takes the same formulation.
     """
+    plan = cfg.sharding
+    if plan is not None and plan.expert_axes:
+        return _expert_parallel(cfg, p, x, weights, experts)
+    return _local_experts(cfg, p, x, weights, experts)
+
+
+def _local_experts(cfg: ModelConfig, p: dict, x: jax.Array, weights: jax.Array, experts: jax.Array) -> jax.Array:
+    """The experts in ``p`` (all of them, or one device's share) on every token."""
     n, k = experts.shape
     if cfg.kernels.uses("moe") or jax.default_backend() != "cpu":
         return _grouped_experts(cfg, p, x, weights, experts)
-    if n * k <= cfg.n_routed_experts:
+    if n * k <= cfg.n_routed_experts:  # static: the same choice on every device and in every tile
         return _gathered_experts(cfg, p, x, weights, experts)
     return _dense_experts(cfg, p, x, weights, experts)
+
+
+def _expert_parallel(cfg: ModelConfig, p: dict, x: jax.Array, weights: jax.Array, experts: jax.Array) -> jax.Array:
+    """Routed experts split over the plan's expert axes: every device holds E / ep experts and sees
+    every token (tokens are replicated over the expert axes: attention is not split by tokens), runs
+    its own experts on the tokens routed to them (the others weigh 0) and the partial sums are added
+    across devices (one all-reduce of [N, D] per layer). The weights never move.
+
+    Bytes per device per layer: the all-reduce's ~2 N D (ring); an all-to-all dispatch + combine would
+    receive ~2 N k D / ep, fewer once ep > k, but needs the tokens split over devices first (attention
+    data-parallel), which this layout does not have yet (BENCHMARKS.md, the parallel layout)."""
+    plan = cfg.sharding
+    axes = plan.expert_axes
+    per_device = cfg.n_routed_experts // plan.expert_parallel_size
+    spec = jax.sharding.PartitionSpec(axes)
+    rep = jax.sharding.PartitionSpec()
+
+    def local(p_local, x, weights, experts):
+        rank = jax.lax.axis_index(axes)
+        ids = experts - rank * per_device
+        mine = (ids >= 0) & (ids < per_device)
+        out = _local_experts(cfg, p_local, x, jnp.where(mine, weights, 0.0), jnp.where(mine, ids, 0))
+        return jax.lax.psum(out, axes)
+
+    return jax.shard_map(local, mesh=plan.mesh, in_specs=(spec, rep, rep, rep), out_specs=rep,
+                         check_vma=False)(p, x, weights, experts)
 
 
 def _gathered_experts(cfg: ModelConfig, p: dict, x: jax.Array, weights: jax.Array, experts: jax.Array) -> jax.Array:
@@ -66,7 +100,7 @@ def _gathered_experts(cfg: ModelConfig, p: dict, x: jax.Array, weights: jax.Arra
 
 def _dense_experts(cfg: ModelConfig, p: dict, x: jax.Array, weights: jax.Array, experts: jax.Array) -> jax.Array:
     dt = x.dtype
-    combine = jnp.zeros((x.shape[0], cfg.n_routed_experts), dt)
+    combine = jnp.zeros((x.shape[0], p["w1"].shape[0]), dt)  # the experts held (all, or one device's)
     combine = combine.at[jnp.arange(x.shape[0])[:, None], experts].add(weights.astype(dt))
     gate = jnp.einsum("nd,eid->nei", x, p["w1"].astype(dt))
     up = jnp.einsum("nd,eid->nei", x, p["w3"].astype(dt))
@@ -81,7 +115,8 @@ def _grouped_experts(cfg: ModelConfig, p: dict, x: jax.Array, weights: jax.Array
     flat_experts = experts.reshape(-1)
     order = jnp.argsort(flat_experts, stable=True)
     token_of = order // k
-    group_sizes = jnp.bincount(flat_experts, length=cfg.n_routed_experts).astype(jnp.int32)
+    # per expert held; an expert-parallel device's foreign pairs (weight 0) count in its first group
+    group_sizes = jnp.bincount(flat_experts, length=p["w1"].shape[0]).astype(jnp.int32)
     rows = x[token_of]
     kernel = cfg.kernels.uses("moe")
     swiglu_op = gm.grouped_swiglu if kernel else gm.grouped_swiglu_ref

@@ -83,19 +83,22 @@ def attention_spec(cfg: ModelConfig, layer_type: str) -> dict[str, Any]:
 
 def moe_spec(cfg: ModelConfig, mlp_type: str) -> dict[str, Any]:
     d, e, i = cfg.hidden_size, cfg.n_routed_experts, cfg.moe_intermediate_size
-    gate: dict[str, ParamSpec] = {"weight": ParamSpec((e, d), ("experts", "embed"))}
+    # the router stays whole on every device (a top-k over a split score vector would gather it):
+    # its axis is "router", not "experts"
+    gate: dict[str, ParamSpec] = {"weight": ParamSpec((e, d), ("router", "embed"))}
     if mlp_type == HASH_MOE:
         gate["tid2eid"] = ParamSpec(
             (cfg.vocab_size, cfg.num_experts_per_tok), ("vocab", None), init="expert_table", dtype=INT32, high=e
         )
     else:
-        gate["bias"] = ParamSpec((e,), ("experts",), init="zeros", dtype=FLOAT32)
+        gate["bias"] = ParamSpec((e,), ("router",), init="zeros", dtype=FLOAT32)
     spec: dict[str, Any] = {
         "gate": gate,
         "experts": {
-            "w1": ParamSpec((e, i, d), ("experts", "mlp", "embed")),
-            "w2": ParamSpec((e, d, i), ("experts", "embed", "mlp")),
-            "w3": ParamSpec((e, i, d), ("experts", "mlp", "embed")),
+            # "expert_mlp", not "mlp": split over "tp" only when the experts themselves are not
+            "w1": ParamSpec((e, i, d), ("experts", "expert_mlp", "embed")),
+            "w2": ParamSpec((e, d, i), ("experts", "embed", "expert_mlp")),
+            "w3": ParamSpec((e, i, d), ("experts", "expert_mlp", "embed")),
         },
     }
     if cfg.n_shared_experts:

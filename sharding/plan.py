@@ -1,0 +1,60 @@
+"""ShardingPlan: a mesh and the rules that place every parameter and state leaf on it.
+
+It travels inside the model config (``ModelConfig.sharding``, a static jit argument: a Mesh is
+hashable), so the few places where the model itself must know the layout (expert-parallel MoE:
+a shard_map over the expert axes) read it there, and everything else is placed by the rules
+and left to XLA's partitioner.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import jax
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from sharding.rules import logical_to_partition_spec, param_shardings
+
+
+@dataclass(frozen=True)
+class ShardingPlan:
+    mesh: Mesh
+    rules_items: tuple  # sorted (logical axis, mesh axes) pairs: a dict is not hashable
+    expert_axes: tuple[str, ...] = ()  # mesh axes the routed experts are split over (() : not split)
+
+    @property
+    def rules(self) -> dict:
+        return dict(self.rules_items)
+
+    @property
+    def num_devices(self) -> int:
+        return self.mesh.devices.size
+
+    @property
+    def expert_parallel_size(self) -> int:
+        size = 1
+        for a in self.expert_axes:
+            size *= self.mesh.shape[a]
+        return size
+
+    def replicated(self) -> NamedSharding:
+        return NamedSharding(self.mesh, PartitionSpec())
+
+    def param_shardings(self, spec_tree: Any) -> Any:
+        """A NamedSharding per parameter (an indivisible dimension is an error naming it)."""
+        return param_shardings(spec_tree, self.mesh, self.rules)
+
+    def state_shardings(self, axes_tree: Any) -> Any:
+        """A NamedSharding per state leaf from its logical axes ("slot", "pages:<pool>", ...)."""
+        rules = self.rules
+
+        def one(axes):
+            return NamedSharding(self.mesh, logical_to_partition_spec(tuple(axes), rules))
+
+        return jax.tree.map(one, axes_tree, is_leaf=lambda x: isinstance(x, tuple))
+
+    def describe(self) -> str:
+        shape = " x ".join(f"{a}={n}" for a, n in self.mesh.shape.items())
+        ep = f"; experts over {'x'.join(self.expert_axes)} ({self.expert_parallel_size})" if self.expert_axes else ""
+        return f"mesh {shape} on {self.mesh.devices.flat[0].platform}{ep}"

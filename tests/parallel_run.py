@@ -1,0 +1,99 @@
+"""Run in a subprocess with fake CPU devices (the device count is fixed when JAX starts):
+
+    XLA_FLAGS=--xla_force_host_platform_device_count=8 python -m tests.parallel_run '{"tensor_parallel_size": 2}' ...
+
+The bundled model through the engine, once on one device and once per layout given (JSON), on one
+mixed workload: prompts longer than the token budget (chunked prefill), pools too small for all
+of them at once (preemption), greedy and seeded requests, warm-up then a check that nothing
+compiles. Prints one JSON line per run: tokens, each generated token's logits' max |difference|
+from the one-device run, compiles after warm-up, preemptions, and the step program's collectives.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import jax
+import numpy as np
+
+from deepinfer.engine_config import EngineConfig
+from deepinfer.llm import LLM
+from deepinfer.runtime.compile_guard import CompileCounter
+from deepinfer.runtime.engine import LLMEngine
+from deepinfer.runtime.step_program import lower_step
+from deepinfer.scheduler.sampling_params import SamplingParams
+from sharding.collectives import collectives
+
+ENGINE = dict(max_num_seqs=4, max_num_batched_tokens=32, max_model_len=128, page_size=4, token_buckets=(8, 32),
+              num_pages=(("csa", 8), ("hca", 4)), keep_logits=True)
+PROMPT_LENS = [3, 41, 9, 57, 20, 33]
+MAX_TOKENS = [10, 8, 12, 6, 9, 11]
+
+
+def workload(vocab: int):
+    rng = np.random.default_rng(7)
+    prompts = [rng.integers(5, vocab, n).tolist() for n in PROMPT_LENS]
+    # every other request sampled with its own seed: the noise is f(seed, position, token), so it must agree
+    params = [SamplingParams(max_tokens=m, temperature=0.0 if i % 2 == 0 else 0.8, seed=100 + i, ignore_eos=True)
+              for i, m in enumerate(MAX_TOKENS)]
+    return prompts, params
+
+
+def run(cfg, params, layout: dict) -> dict:
+    engine = LLMEngine(cfg, params, EngineConfig(**ENGINE, **layout))
+    engine.warmup()
+    prompts, sps = workload(cfg.vocab_size)
+    with CompileCounter(all_threads=True) as compiles:
+        reqs = [engine.add_request(p, sp, request_id=f"r{i}") for i, (p, sp) in enumerate(zip(prompts, sps))]
+        engine.run_until_done()
+    engine.check_all_free()
+    found = collectives(lower_step(engine, engine.bucket_shapes()[0]).compile().as_text())
+    return {
+        "engine": engine,
+        "tokens": [list(r.output_token_ids) for r in reqs],
+        "logits": [np.stack(r.logits) for r in reqs],
+        "compiles_after_warmup": compiles.count,
+        "preemptions": engine.scheduler.num_preemptions,
+        "collectives": [(c.kind, c.shapes, c.bytes) for c in found],
+    }
+
+
+def weight_and_pool_shapes(engine) -> set:
+    """Shapes of every weight and model-state leaf (rings, pools), whole and per device: a collective
+    producing one of these moves a weight or a pool (what the design never does inside a step). The
+    runtime's per-slot [S, V] counts are left out: a step's [R, V] logits share their shape when R = S."""
+    shapes = set()
+    for a in jax.tree.leaves((engine.params, engine.state.model)):
+        if a.size >= 4096:  # small leaves (norm vectors) coincide with activations' shapes
+            shapes.add(tuple(a.shape))
+            shapes.add(tuple(a.sharding.shard_shape(a.shape)))
+    return shapes
+
+
+def main(layouts: list[dict]) -> None:
+    llm = LLM(None, warmup=False, show_progress=False, max_num_seqs=1)  # the bundled model's weights
+    cfg, params = llm.cfg, llm.engine.params
+    base = run(cfg, params, {})
+    for layout in [{}] + layouts:
+        out = base if not layout else run(cfg, params, layout)
+        moved = weight_and_pool_shapes(out["engine"])
+        diff = max(float(np.abs(a - b).max()) for a, b in zip(out["logits"], base["logits"])
+                   if a.shape == b.shape) if layout else 0.0
+        print("RESULT " + json.dumps({
+            "layout": layout,
+            "tokens": out["tokens"],
+            "same_tokens": out["tokens"] == base["tokens"],
+            "logits_max_abs_diff": diff,
+            "logits_scale": float(max(np.abs(x).max() for x in base["logits"])),
+            "compiles_after_warmup": out["compiles_after_warmup"],
+            "preemptions": out["preemptions"],
+            "devices": len(out["engine"].params["embed"].sharding.device_set),
+            "collectives": out["collectives"],
+            "weight_or_pool_moved": [c for c in out["collectives"]
+                                     if any(tuple(s) in moved for _, s in c[1])],
+        }), flush=True)
+
+
+if __name__ == "__main__":
+    main([json.loads(a) for a in sys.argv[1:]])

@@ -1,0 +1,81 @@
+"""The engine on a mesh of 8 fake CPU devices (a subprocess: the device count is fixed when JAX starts)
+equals the one-device engine on a mixed workload (chunked prefill, preemption, greedy and seeded):
+tokens identical, logits within fp32 tolerance, nothing compiled after warm-up, and the step program
+communicates activations only (no weight or KV pool re-sharded inside a step)."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from deepinfer.engine_config import EngineConfig
+from sharding.parallel import ParallelConfig
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+LAYOUTS = [{"tensor_parallel_size": 2}, {"tensor_parallel_size": 4, "enable_expert_parallel": True}]
+
+
+@pytest.fixture(scope="module")
+def parallel_runs():
+    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8", JAX_PLATFORMS="cpu")
+    proc = subprocess.run([sys.executable, "-m", "tests.parallel_run", *map(json.dumps, LAYOUTS)], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    runs = [json.loads(line[len("RESULT "):]) for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
+    assert [r["layout"] for r in runs] == [{}] + LAYOUTS
+    return runs
+
+
+def test_the_one_device_run_exercises_the_workload(parallel_runs):
+    base = parallel_runs[0]
+    assert base["preemptions"] > 0 and base["compiles_after_warmup"] == 0
+    assert [len(t) for t in base["tokens"]] == [10, 8, 12, 6, 9, 11]
+
+
+@pytest.mark.parametrize("i", range(1, len(LAYOUTS) + 1), ids=[json.dumps(x) for x in LAYOUTS])
+def test_layout_equals_one_device(parallel_runs, i):
+    run, base = parallel_runs[i], parallel_runs[0]
+    assert run["devices"] == run["layout"]["tensor_parallel_size"]
+    assert run["tokens"] == base["tokens"]
+    # fp32: the partial sums of split matmuls and experts are added in another order
+    assert run["logits_max_abs_diff"] < 1e-4 * base["logits_scale"], run["logits_max_abs_diff"]
+    assert run["compiles_after_warmup"] == 0
+    assert run["preemptions"] > 0
+
+
+@pytest.mark.parametrize("i", range(1, len(LAYOUTS) + 1), ids=[json.dumps(x) for x in LAYOUTS])
+def test_step_moves_activations_only(parallel_runs, i):
+    run = parallel_runs[i]
+    kinds = {c[0] for c in run["collectives"]}
+    assert run["weight_or_pool_moved"] == []
+    # split projections are summed (all-reduce) and the split vocabulary's logits gathered whole once
+    assert "all-reduce" in kinds and "all-gather" in kinds
+    # no distributed sort over a split vocabulary, no re-sharding shuffles
+    assert "collective-permute" not in kinds and "all-to-all" not in kinds, sorted(kinds)
+    if run["layout"].get("enable_expert_parallel"):
+        # the experts' partial sums: one all-reduce of the step's [T, D] activations per MoE layer
+        moe_sums = [c for c in run["collectives"] if c[0] == "all-reduce" and c[1] == [["f32", [1, 8, 256]]]]
+        assert len(moe_sums) >= 4, run["collectives"]
+
+
+def test_layout_settings_are_checked_and_named():
+    assert EngineConfig(tensor_parallel_size=2).parallel() == ParallelConfig(tensor_parallel_size=2)
+    with pytest.raises(ValueError, match="tensor_parallel_size must be an integer >= 1, got 0"):
+        EngineConfig(tensor_parallel_size=0)
+    with pytest.raises(ValueError, match="data_parallel_size 2: attention data-parallel is not built yet"):
+        EngineConfig(data_parallel_size=2)
+    with pytest.raises(ValueError, match="the layout needs 4 devices .* 1 are visible"):
+        ParallelConfig(tensor_parallel_size=4).plan([object()])
+    with pytest.raises(ValueError, match="unknown keys \\['tp'\\]"):
+        ParallelConfig.from_dict({"tp": 2})
+
+
+def test_server_refuses_a_layout_it_cannot_run_before_loading(capsys):
+    from deepinfer.serve.__main__ import main
+
+    assert main(["--data-parallel-size", "2"]) == 2
+    assert "data_parallel_size 2: attention data-parallel is not built yet" in capsys.readouterr().err
+    assert main(["--tensor-parallel-size", "4"]) == 2  # one CPU device in this process
+    assert "the layout needs 4 devices" in capsys.readouterr().err
