@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 import jax
+import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
 from deepinfer.params import flatten_dotted, unflatten_dotted
@@ -38,5 +39,15 @@ def place_params(params: Any, spec_tree: Any, plan) -> Any:
     """The same tree with every leaf on the plan's mesh (a leaf already placed so is not copied)."""
     shardings = param_shardings_for(params, spec_tree, plan)
     flat = flatten_dotted(params)
-    placed = {path: jax.device_put(leaf, shardings[path]) for path, leaf in flat.items()}
+    placed = {path: jax.tree.map(lambda a, s=shardings[path]: _put(a, s), leaf) for path, leaf in flat.items()}
     return unflatten_dotted(params, placed)
+
+
+def _put(a, sharding: NamedSharding):
+    """One array onto its sharding. With several processes (jax.distributed) a mesh spans devices this
+    process cannot address: each process builds its own devices' slices from its copy of the weights
+    (every process loads the same checkpoint)."""
+    if sharding.is_fully_addressable:
+        return jax.device_put(a, sharding)
+    host = np.asarray(a)
+    return jax.make_array_from_callback(host.shape, sharding, lambda index: host[index])

@@ -79,3 +79,28 @@ def test_server_refuses_a_layout_it_cannot_run_before_loading(capsys):
     assert "data_parallel_size 2: attention data-parallel is not built yet" in capsys.readouterr().err
     assert main(["--tensor-parallel-size", "4"]) == 2  # one CPU device in this process
     assert "the layout needs 4 devices" in capsys.readouterr().err
+
+
+def test_two_processes_run_one_engine_equal_to_one_device():
+    """jax.distributed on loopback: 2 processes x 4 fake CPU devices, one engine with tensor parallel 8 and
+    expert parallel over all 8 devices (tests/multiprocess_run.py); every process gets the one-device streams."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAX_PLATFORMS")}
+    procs = [subprocess.Popen([sys.executable, "-m", "tests.multiprocess_run", str(i), str(port)], cwd=ROOT, env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for i in range(2)]
+    try:
+        outs = [p.communicate(timeout=600) for p in procs]
+    finally:
+        for p in procs:
+            p.kill()
+    for p, (out, err) in zip(procs, outs):
+        assert p.returncode == 0, err[-4000:]
+    results = [json.loads(line[len("RESULT "):]) for out, _ in outs for line in out.splitlines()
+               if line.startswith("RESULT ")]
+    assert [(r["process"], r["processes"], r["devices"]) for r in results] == [(0, 2, 8), (1, 2, 8)]
+    assert results[0]["mesh"] == results[0]["alone"] == results[1]["mesh"]
+    assert [len(t) for t in results[0]["mesh"]] == [8, 8, 8, 8]
