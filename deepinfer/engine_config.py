@@ -66,12 +66,24 @@ class EngineConfig:
     tensor_parallel_size: int = 1
     enable_expert_parallel: bool = False
     context_parallel_size: int = 1
+    # the expert-parallel load balancer (vLLM's --enable-eplb): tokens per expert counted on the device,
+    # placements computed from them (sharding/eplb.py) and applied between steps
+    # (runtime/expert_balance.py); num_redundant_experts extra physical slots per layer for replicas of
+    # hot experts; eplb_step_interval > 0: rebalance every that many steps, 0: only when asked
+    enable_eplb: bool = False
+    num_redundant_experts: int = 0
+    eplb_step_interval: int = 0
     # check the allocator invariant after every step (tests; env DEEPINFER_CHECK_INVARIANTS=1)
     check_invariants: bool = field(default_factory=lambda: os.environ.get("DEEPINFER_CHECK_INVARIANTS") == "1")
 
     def __post_init__(self):
         self.num_speculative_tokens()  # refuse bad values at construction, naming them
         self.parallel()
+        for key in ("num_redundant_experts", "eplb_step_interval"):
+            if not isinstance(getattr(self, key), int) or getattr(self, key) < 0:
+                raise ValueError(f"{key} must be an integer >= 0, got {getattr(self, key)!r}")
+        if (self.num_redundant_experts or self.eplb_step_interval) and not self.enable_eplb:
+            raise ValueError("num_redundant_experts and eplb_step_interval need enable_eplb")
         check_policy(self.scheduling_policy)
         if self.prefix_replay not in ("snapshot", "recompute"):
             raise ValueError(f"prefix_replay must be 'snapshot' or 'recompute', got {self.prefix_replay!r}")

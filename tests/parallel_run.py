@@ -1,6 +1,6 @@
 """Run in a subprocess with fake CPU devices (the device count is fixed when JAX starts):
 
-    XLA_FLAGS=--xla_force_host_platform_device_count=8 python -m tests.parallel_run '{"tensor_parallel_size": 2}' ...
+    XLA_FLAGS=--xla_force_host_platform_device_count=8 python -m tests.parallel_run '{"tensor_parallel_size": 2}' ... [eplb]
 
 The bundled model through the engine, once on one device and once per layout given (JSON), on one
 mixed workload: prompts longer than the token budget (chunked prefill), pools too small for all
@@ -71,10 +71,43 @@ def weight_and_pool_shapes(engine) -> set:
     return shapes
 
 
+EPLB = {"tensor_parallel_size": 4, "enable_expert_parallel": True, "enable_eplb": True, "num_redundant_experts": 4}
+
+
+def eplb_check(cfg, params, base: dict) -> dict:
+    """Expert placement changed between workloads: the same tokens, nothing compiled but the one program
+    that moves the expert weights, and the per-device load figures of the counted (skewed) loads."""
+    from deepinfer.runtime import expert_balance
+
+    engine = LLMEngine(cfg, params, EngineConfig(**ENGINE, **EPLB))
+    engine.warmup()
+    prompts, sps = workload(cfg.vocab_size)
+    out = {}
+    for phase in ("first", "rebalanced"):
+        with CompileCounter(all_threads=True) as compiles:
+            reqs = [engine.add_request(p, sp, request_id=f"{phase}{i}") for i, (p, sp) in enumerate(zip(prompts, sps))]
+            engine.run_until_done()
+        out[phase] = [list(r.output_token_ids) for r in reqs]
+        out[f"compiles_{phase}"] = compiles.count
+        if phase == "first":
+            out["loads"] = expert_balance.expert_loads(engine).tolist()
+            with CompileCounter(all_threads=True) as compiles:
+                out["figures"] = expert_balance.rebalance(engine)
+            out["compiles_rebalance"] = compiles.count
+            out["placement"] = engine.expert_placement.tolist()
+    engine.check_all_free()
+    out.update(same_tokens=out["first"] == out["rebalanced"] == base["tokens"],
+               loads_second=expert_balance.expert_loads(engine).tolist())  # counted from zero again
+    return out
+
+
 def main(layouts: list[dict]) -> None:
     llm = LLM(None, warmup=False, show_progress=False, max_num_seqs=1)  # the bundled model's weights
     cfg, params = llm.cfg, llm.engine.params
     base = run(cfg, params, {})
+    if "eplb" in layouts:
+        layouts = [x for x in layouts if x != "eplb"]
+        print("EPLB " + json.dumps(eplb_check(cfg, params, base)), flush=True)
     for layout in [{}] + layouts:
         out = base if not layout else run(cfg, params, layout)
         moved = weight_and_pool_shapes(out["engine"])
@@ -96,4 +129,4 @@ def main(layouts: list[dict]) -> None:
 
 
 if __name__ == "__main__":
-    main([json.loads(a) for a in sys.argv[1:]])
+    main([a if a == "eplb" else json.loads(a) for a in sys.argv[1:]])

@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 from deepinfer.engine_config import EngineConfig
@@ -20,23 +21,29 @@ LAYOUTS = [{"tensor_parallel_size": 2}, {"tensor_parallel_size": 4, "enable_expe
 @pytest.fixture(scope="module")
 def parallel_runs():
     env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8", JAX_PLATFORMS="cpu")
-    proc = subprocess.run([sys.executable, "-m", "tests.parallel_run", *map(json.dumps, LAYOUTS)], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=900)
+    proc = subprocess.run([sys.executable, "-m", "tests.parallel_run", *map(json.dumps, LAYOUTS), "eplb"], cwd=ROOT,
+                          env=env, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-4000:]
     runs = [json.loads(line[len("RESULT "):]) for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
     assert [r["layout"] for r in runs] == [{}] + LAYOUTS
-    return runs
+    eplb = [json.loads(line[len("EPLB "):]) for line in proc.stdout.splitlines() if line.startswith("EPLB ")]
+    return runs, eplb[0]
+
+
+@pytest.fixture(scope="module")
+def eplb_run(parallel_runs):
+    return parallel_runs[1]
 
 
 def test_the_one_device_run_exercises_the_workload(parallel_runs):
-    base = parallel_runs[0]
+    base = parallel_runs[0][0]
     assert base["preemptions"] > 0 and base["compiles_after_warmup"] == 0
     assert [len(t) for t in base["tokens"]] == [10, 8, 12, 6, 9, 11]
 
 
 @pytest.mark.parametrize("i", range(1, len(LAYOUTS) + 1), ids=[json.dumps(x) for x in LAYOUTS])
 def test_layout_equals_one_device(parallel_runs, i):
-    run, base = parallel_runs[i], parallel_runs[0]
+    run, base = parallel_runs[0][i], parallel_runs[0][0]
     assert run["devices"] == run["layout"]["tensor_parallel_size"]
     assert run["tokens"] == base["tokens"]
     # fp32: the partial sums of split matmuls and experts are added in another order
@@ -47,7 +54,7 @@ def test_layout_equals_one_device(parallel_runs, i):
 
 @pytest.mark.parametrize("i", range(1, len(LAYOUTS) + 1), ids=[json.dumps(x) for x in LAYOUTS])
 def test_step_moves_activations_only(parallel_runs, i):
-    run = parallel_runs[i]
+    run = parallel_runs[0][i]
     kinds = {c[0] for c in run["collectives"]}
     assert run["weight_or_pool_moved"] == []
     # split projections are summed (all-reduce) and the split vocabulary's logits gathered whole once
@@ -104,3 +111,20 @@ def test_two_processes_run_one_engine_equal_to_one_device():
     assert [(r["process"], r["processes"], r["devices"]) for r in results] == [(0, 2, 8), (1, 2, 8)]
     assert results[0]["mesh"] == results[0]["alone"] == results[1]["mesh"]
     assert [len(t) for t in results[0]["mesh"]] == [8, 8, 8, 8]
+
+
+def test_eplb_placement_changes_between_steps_without_recompiling_or_changing_outputs(eplb_run):
+    """TP4 + EP4 with 4 redundant slots (12 per layer, 3 per device): loads counted on the device, a placement
+    computed from them and applied between two runs of the workload; the tokens are those of one device."""
+    r = eplb_run
+    assert r["same_tokens"]
+    # no step program compiled again: only the rebalance's own two small ones (the expert-weight move,
+    # shared by every layer, and the counters' reset)
+    assert r["compiles_first"] == r["compiles_rebalanced"] == 0 and r["compiles_rebalance"] <= 2
+    loads, second = np.array(r["loads"]), np.array(r["loads_second"])
+    assert loads.shape == (4, 8)
+    # every token processed counted once per layer per chosen expert (k = 2), from zero after the rebalance
+    assert (loads.sum(1) == loads.sum(1)[0]).all() and (second.sum(1) == loads.sum(1)).all()
+    placement = np.array(r["placement"])
+    assert placement.shape == (4, 12) and all(set(row) == set(range(8)) for row in placement)
+    assert r["figures"]["after"] <= r["figures"]["before"]

@@ -7,7 +7,9 @@ The engine state a family declares has two kinds of leaves:
 * per-slot state, leading axis ``num_slots`` (fixed size per request, whatever its length:
   sliding-window rings, recurrent state);
 * paged pools, leading axis ``pages`` of one named pool (growing with a request's length:
-  a KV cache, compressed rows), addressed through per-request block tables.
+  a KV cache, compressed rows), addressed through per-request block tables;
+* optionally device-side counters, leading logical axis ``count`` (e.g. tokens per expert for
+  the expert load balancer): neither snapshotted nor paged.
 
 A family also names its pools (``PoolInfo``: how many tokens make one pool row), so the
 host scheduler can hand out pages without knowing the model.
@@ -55,6 +57,7 @@ class PagedLayout:
     num_pages: tuple[tuple[str, int], ...]  # (pool name, pages) for the pools the model has
     max_backtrack: int = 12  # tokens a slot can be rolled back (speculation); sizes its rings
     draft: bool = False  # the state also holds the draft forward's per-slot state (speculative decoding)
+    expert_load: bool = False  # the state also counts tokens per expert (EPLB): a leaf with axis "count"
 
     def pages(self, pool: str) -> int:
         return dict(self.num_pages)[pool]

@@ -84,7 +84,7 @@ class LLMEngine:
         if config.batch_invariant != cfg.batch_invariant:
             cfg = cfg.replace(batch_invariant=config.batch_invariant)
         family = family or family_for(cfg)
-        cfg, params = on_mesh(family, cfg, params, config)  # one device: as they are
+        cfg, params, self.expert_placement = on_mesh(family, cfg, params, config)  # one device: as they are
         self.cfg, self.params, self.config, self.family = cfg, params, config, family
         self.num_drafts = config.num_speculative_tokens()
         if self.num_drafts:
@@ -99,7 +99,7 @@ class LLMEngine:
         self.pools = self.capacity.pools
         self.layout = PagedLayout(
             config.max_num_seqs, config.page_size, tuple((p.name, p.num_pages) for p in self.pools), config.max_backtrack,
-            draft=self.num_drafts > 0,
+            draft=self.num_drafts > 0, expert_load=config.enable_eplb,
         )
         prefix = cache_settings(self.family, cfg, config, self.layout)
         self.scheduler = Scheduler(

@@ -31,9 +31,9 @@ class OpsShape:
 
 
 def leaf_kinds(family: ModelFamily, cfg, layout: PagedLayout) -> list[str]:
-    """Per leaf of the family's state (flattened order): "slot" or the pool name."""
+    """Per leaf of the family's state (flattened order): "slot", "count" (a device-side counter) or the pool name."""
     axes = jax.tree.leaves(family.state_axes(cfg, layout), is_leaf=lambda a: isinstance(a, tuple))
-    return ["slot" if a[0] == "slot" else a[0].split(":", 1)[1] for a in axes]
+    return [a[0] if a[0] in ("slot", "count") else a[0].split(":", 1)[1] for a in axes]
 
 
 def init_store(family: ModelFamily, cfg, layout: PagedLayout, dtype, num_snapshots: int) -> list[jax.Array]:
@@ -116,7 +116,7 @@ def cache_ops(family: ModelFamily, cfg, layout: PagedLayout, shape: OpsShape, st
         if kind == "slot":
             x = x.at[restore_slot].set(jnp.take(store[i], restore_id, axis=0, mode="clip"), mode="drop")
             i += 1
-        else:
+        elif kind != "count":
             src, dst = copies[kind]
             x = x.at[dst].set(jnp.take(x, src, axis=0, mode="clip"), mode="drop")
         out.append(x)

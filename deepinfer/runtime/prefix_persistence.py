@@ -63,7 +63,7 @@ def _arrays(engine) -> tuple[list[jax.Array], list[jax.Array]]:
     """The pool leaves of the engine's state (pages of compressed rows) and the snapshot store."""
     leaves = jax.tree.leaves(engine.state.model)
     kinds = leaf_kinds(engine.family, engine.cfg, engine.layout)
-    return [x for x, k in zip(leaves, kinds) if k != "slot"], list(engine.prefix.store)
+    return [x for x, k in zip(leaves, kinds) if k not in ("slot", "count")], list(engine.prefix.store)
 
 
 def _require(engine) -> None:
@@ -141,7 +141,7 @@ def load_prefix_cache(engine, directory: str | os.PathLike) -> dict[str, int]:
     leaves, treedef = jax.tree.flatten(engine.state.model)
     kinds = leaf_kinds(engine.family, engine.cfg, engine.layout)
     it = iter(restored["pools"])
-    leaves = [next(it) if k != "slot" else x for x, k in zip(leaves, kinds)]
+    leaves = [next(it) if k not in ("slot", "count") else x for x, k in zip(leaves, kinds)]
     engine.state = engine.state.replace(model=jax.tree.unflatten(treedef, leaves))
     engine.prefix.store = list(restored["store"])
     return _summary(host["blocks"])

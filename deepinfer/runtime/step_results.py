@@ -59,6 +59,11 @@ def read_step(engine, plan: StepPlan, tokens: jax.Array, logits: jax.Array, logp
         del req.logits[len(req.output_token_ids) :]  # logits of steps run past a stop
         for index in [i for i in req.token_logprobs if i >= len(req.output_token_ids)]:
             del req.token_logprobs[index]
+    interval = engine.config.eplb_step_interval
+    if interval and engine.num_steps % interval == 0:  # between steps: the next one is already planned
+        from deepinfer.runtime.expert_balance import rebalance
+
+        rebalance(engine)
     return finished
 
 

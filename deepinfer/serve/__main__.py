@@ -74,6 +74,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                      help="context-parallel prefill ranks (not built yet: refused above 1)")
     par.add_argument("--enable-expert-parallel", action="store_true",
                      help="split the routed experts over every device (EP = DP x CP x TP)")
+    par.add_argument("--enable-eplb", action="store_true",
+                     help="count tokens per expert and rebalance the expert placement (hot experts replicated)")
+    par.add_argument("--num-redundant-experts", type=int, default=0, help="extra expert slots per layer for replicas")
+    par.add_argument("--eplb-step-interval", type=int, default=0,
+                     help="rebalance every this many steps (0: never on its own)")
     p.add_argument("--token-buckets", type=_buckets, default=None,
                    help="step sizes in tokens to compile, comma-separated, e.g. 16,64,256 (the largest must be "
                         "--max-num-batched-tokens; default: 1, 2, 4, 8 as far as a decode step fills them, then "
@@ -178,7 +183,8 @@ def build_state(args: argparse.Namespace):
     early = EngineConfig(  # refused before the weights load: the speculation and layout flags
         speculative_config=args.speculative_config, tensor_parallel_size=args.tensor_parallel_size,
         data_parallel_size=args.data_parallel_size, context_parallel_size=args.context_parallel_size,
-        enable_expert_parallel=args.enable_expert_parallel)
+        enable_expert_parallel=args.enable_expert_parallel, enable_eplb=args.enable_eplb,
+        num_redundant_experts=args.num_redundant_experts, eplb_step_interval=args.eplb_step_interval)
     speculating = early.num_speculative_tokens() > 0
     try:
         cfg, params = load_model(model_dir, dtype=args.dtype, mtp="require" if speculating else "skip",
@@ -207,6 +213,8 @@ def build_state(args: argparse.Namespace):
         prefix_snapshots=args.prefix_snapshots, scheduling_policy=args.scheduling_policy,
         tensor_parallel_size=args.tensor_parallel_size, data_parallel_size=args.data_parallel_size,
         context_parallel_size=args.context_parallel_size, enable_expert_parallel=args.enable_expert_parallel,
+        enable_eplb=args.enable_eplb, num_redundant_experts=args.num_redundant_experts,
+        eplb_step_interval=args.eplb_step_interval,
     )
     grammar = None
     if tokenizer is not None:

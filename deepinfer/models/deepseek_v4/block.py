@@ -30,7 +30,7 @@ def block(
     closes over positions and cache state). token_ids [B, S] feed hash routing.
     Intermediates (dropped by XLA when unused): "attn_in" / "ffn_in" — the
     collapsed, normed sub-layer inputs; "attn" / "moe" — sub-layer outputs;
-    "attn.*" — attention internals; "out" — the new streams.
+    "moe.experts" — the routed experts [B, S, k]; "attn.*" — attention internals; "out" — the new streams.
     """
     eps = cfg.rms_norm_eps
     tiled = cfg.batch_invariant  # per-token work in fixed token tiles (numerics.token_tiled)
@@ -43,13 +43,14 @@ def block(
         streams = hc_post(post, comb, attn_out, streams)
         post, comb, collapsed = hc_pre(cfg, p["hc_ffn"], streams)
         ffn_in = rms_norm(collapsed, p["ffn_norm"], eps)
-        moe_out = moe(cfg, p["ffn"], mlp_type, ffn_in, token_ids)
-        return hc_post(post, comb, moe_out, streams), ffn_in, moe_out
+        moe_out, experts = moe(cfg, p["ffn"], mlp_type, ffn_in, token_ids)
+        return hc_post(post, comb, moe_out, streams), ffn_in, moe_out, experts
 
     post, comb, attn_in = per_token_2d(tiled, attn_input, streams)
     attn_out, attn_aux = attention_fn(attn_in)
-    streams, ffn_in, moe_out = per_token_2d(tiled, ffn, post, comb, attn_out, streams, token_ids)
+    streams, ffn_in, moe_out, experts = per_token_2d(tiled, ffn, post, comb, attn_out, streams, token_ids)
 
-    aux = {"attn_in": attn_in, "attn": attn_out, "ffn_in": ffn_in, "moe": moe_out, "out": streams}
+    aux = {"attn_in": attn_in, "attn": attn_out, "ffn_in": ffn_in, "moe": moe_out, "moe.experts": experts,
+           "out": streams}
     aux.update({f"attn.{k}": v for k, v in attn_aux.items()})
     return streams, aux

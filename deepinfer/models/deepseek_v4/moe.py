@@ -16,6 +16,7 @@ from deepinfer.config import HASH_MOE, ModelConfig
 from deepinfer.models.deepseek_v4.ops import linear, swiglu
 from deepinfer.numerics import fixed_sum
 from pallas_kernels import grouped_matmul as gm
+from sharding.expert_placement import physical_choice
 
 
 def route(cfg: ModelConfig, p: dict, mlp_type: str, x: jax.Array, token_ids: jax.Array) -> tuple[jax.Array, jax.Array]:
@@ -75,7 +76,7 @@ def _expert_parallel(cfg: ModelConfig, p: dict, x: jax.Array, weights: jax.Array
     data-parallel), which this layout does not have yet (BENCHMARKS.md, the parallel layout)."""
     plan = cfg.sharding
     axes = plan.expert_axes
-    per_device = cfg.n_routed_experts // plan.expert_parallel_size
+    per_device = p["w1"].shape[0] // plan.expert_parallel_size  # expert slots per device (EPLB: physical)
     spec = jax.sharding.PartitionSpec(axes)
     rep = jax.sharding.PartitionSpec()
 
@@ -132,11 +133,14 @@ def shared_expert(cfg: ModelConfig, p: dict, x: jax.Array) -> jax.Array:
     return linear(swiglu(linear(x, p["w1"]), linear(x, p["w3"]), cfg.swiglu_limit), p["w2"])
 
 
-def moe(cfg: ModelConfig, p: dict, mlp_type: str, x: jax.Array, token_ids: jax.Array) -> jax.Array:
-    """x [B, S, D] (normed), token_ids [B, S] -> [B, S, D]."""
+def moe(cfg: ModelConfig, p: dict, mlp_type: str, x: jax.Array, token_ids: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """x [B, S, D] (normed), token_ids [B, S] -> (out [B, S, D], the experts each token was routed to
+    [B, S, k]: the expert-load counts of EPLB)."""
     flat = x.reshape(-1, x.shape[-1])
     weights, experts = route(cfg, p["gate"], mlp_type, flat, token_ids.reshape(-1))
-    out = routed_experts(cfg, p["experts"], flat, weights, experts)
+    # EPLB: the experts live in physical slots (some replicated); each pick goes to one replica
+    slots = physical_choice(p["placement"], experts, token_ids.reshape(-1)) if "placement" in p else experts
+    out = routed_experts(cfg, p["experts"], flat, weights, slots)
     if "shared" in p:
         out = out + shared_expert(cfg, p["shared"], flat)
-    return out.reshape(x.shape)
+    return out.reshape(x.shape), experts.reshape(*x.shape[:-1], -1)

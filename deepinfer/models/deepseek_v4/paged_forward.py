@@ -7,6 +7,7 @@ layer's attention reading and writing the engine state (paged_attention.py).
 from __future__ import annotations
 
 import jax
+import jax.numpy as jnp
 
 from deepinfer.config import ModelConfig
 from deepinfer.models.deepseek_v4.model import lm_head, run_layers
@@ -27,7 +28,13 @@ def paged_forward(
         return fn
 
     streams, layers_aux = run_layers(cfg, params, tokens[None], attention_for)
-    return streams[0], {**state, "layers": [aux["attn.state"] for aux in layers_aux]}
+    new_state = {**state, "layers": [aux["attn.state"] for aux in layers_aux]}
+    if "expert_load" in state:  # EPLB: tokens routed to each expert, per layer, since the engine reset it
+        routed = jnp.stack([aux["moe.experts"][0] for aux in layers_aux])  # [L, T, k]
+        counted = jnp.where(fb.valid[None, :, None], routed, cfg.n_routed_experts)  # padding: out of range
+        layer = jnp.arange(routed.shape[0])[:, None, None]
+        new_state["expert_load"] = state["expert_load"].at[layer, counted].add(1, mode="drop")
+    return streams[0], new_state
 
 
 def logits(cfg: ModelConfig, params: dict, streams: jax.Array) -> jax.Array:

@@ -12,6 +12,9 @@ Everything is indexed by absolute token position, so the state never records a l
   token closing its window (position (w+1)*ratio - 1) is processed.
 * CSA — ``indexer``: the same compressor ring and rows at ``index_head_dim``.
 
+With ``layout.expert_load`` (EPLB), "expert_load": [layers, experts] int32 tokens routed to each
+expert, a device-side counter (axis "count": neither per slot nor paged), added to by every step.
+
 The tree is ``{"layers": [per layer], "mtp": [per MTP depth], "mtp_fed": ...}``; "mtp" (the
 drafter's state: the same layer state for the MTP block's attention type) and "mtp_fed" (per
 slot, the positions its window holds: a step may skip the drafter) only with ``layout.draft``.
@@ -97,6 +100,8 @@ def _tree(cfg: ModelConfig, layout: PagedLayout, leaf) -> dict:
         tree["mtp"] = [_layer(cfg, cfg.mtp_layer_types[0], layout, leaf)]  # one MTP block, applied recursively
         # per slot: the drafter's window holds positions start .. next - 1 (a step may skip the drafter)
         tree["mtp_fed"] = {"start": leaf("slot", (), jnp.int32), "next": leaf("slot", (), jnp.int32)}
+    if layout.expert_load:  # EPLB's counts: [layers, experts] tokens routed (MTP block not counted)
+        tree["expert_load"] = leaf("count", (len(cfg.layer_types), cfg.n_routed_experts), jnp.int32)
     return tree
 
 
@@ -104,6 +109,8 @@ def init_state(cfg: ModelConfig, layout: PagedLayout, dtype) -> dict:
     """Zeros. dtype is the model's activation dtype (the gates stay fp32)."""
 
     def leaf(kind, tail, leaf_dtype):
+        if kind == "count":
+            return jnp.zeros(tail, leaf_dtype)
         lead = layout.num_slots if kind == "slot" else layout.pages(kind)
         return jnp.zeros((lead, *tail), leaf_dtype or dtype)
 
@@ -114,6 +121,8 @@ def state_axes(cfg: ModelConfig, layout: PagedLayout) -> dict:
     """Logical axis names per leaf: ("slot", None, "head_dim") or ("pages:<pool>", None, "head_dim")."""
 
     def leaf(kind, tail, _dtype):
+        if kind == "count":
+            return ("count",) + (None,) * (len(tail) - 1)
         lead = ("slot" if kind == "slot" else f"pages:{kind}",)
         return lead + ((None,) * (len(tail) - 1) + ("head_dim",) if tail else ())
 
