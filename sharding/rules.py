@@ -22,13 +22,15 @@ PRESETS: dict[str, Rules] = {
     "replicated": {},
     # Expert parallelism: routed experts split over the "ep" mesh axis.
     "ep": {"experts": "ep"},
-    # Tensor parallelism of the wide projections over "tp"; experts over "ep".
+    # Tensor parallelism of the wide projections over "tp"; experts over "ep", each
+    # expert's inner dimension ("expert_mlp") over "tp" as well on this 2-D mesh.
     "tp_ep": {
         "experts": "ep",
         "q_heads": "tp",
         "index_heads": "tp",
         "vocab": "tp",
         "mlp": "tp",
+        "expert_mlp": "tp",
     },
 }
 
