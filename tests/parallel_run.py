@@ -26,14 +26,16 @@ from deepinfer.scheduler.sampling_params import SamplingParams
 from sharding.collectives import collectives
 
 ENGINE = dict(max_num_seqs=4, max_num_batched_tokens=32, max_model_len=128, page_size=4, token_buckets=(8, 32),
-              num_pages=(("csa", 8), ("hca", 4)), keep_logits=True)
+              num_pages=(("csa", 8), ("hca", 4)), keep_logits=True,
+              prefix_checkpoint_interval=16)  # snapshots often enough for the last prompt's hit
 PROMPT_LENS = [3, 41, 9, 57, 20, 33]
-MAX_TOKENS = [10, 8, 12, 6, 9, 11]
+MAX_TOKENS = [10, 8, 12, 6, 9, 11, 7]
 
 
 def workload(vocab: int):
     rng = np.random.default_rng(7)
     prompts = [rng.integers(5, vocab, n).tolist() for n in PROMPT_LENS]
+    prompts.append(prompts[3][:40] + [11, 12, 13])  # a prefix-cache hit on the longest prompt's blocks
     # every other request sampled with its own seed: the noise is f(seed, position, token), so it must agree
     params = [SamplingParams(max_tokens=m, temperature=0.0 if i % 2 == 0 else 0.8, seed=100 + i, ignore_eos=True)
               for i, m in enumerate(MAX_TOKENS)]
@@ -71,7 +73,10 @@ def weight_and_pool_shapes(engine) -> set:
     return shapes
 
 
-EPLB = {"tensor_parallel_size": 4, "enable_expert_parallel": True, "enable_eplb": True, "num_redundant_experts": 4}
+# prefix caching off: both runs of the workload then process the same tokens, so the counted loads
+# can be compared exactly (the layouts above run with it on)
+EPLB = {"tensor_parallel_size": 4, "enable_expert_parallel": True, "enable_eplb": True, "num_redundant_experts": 4,
+        "enable_prefix_caching": False}
 
 
 def eplb_check(cfg, params, base: dict) -> dict:
@@ -102,7 +107,9 @@ def eplb_check(cfg, params, base: dict) -> dict:
 
 
 def main(layouts: list[dict]) -> None:
-    llm = LLM(None, warmup=False, show_progress=False, max_num_seqs=1)  # the bundled model's weights
+    # the bundled model's weights, with the MTP block (a layout may speculate)
+    llm = LLM(None, warmup=False, show_progress=False, max_num_seqs=1,
+              speculative_config={"method": "mtp", "num_speculative_tokens": 2})
     cfg, params = llm.cfg, llm.engine.params
     base = run(cfg, params, {})
     if "eplb" in layouts:
@@ -111,12 +118,16 @@ def main(layouts: list[dict]) -> None:
     for layout in [{}] + layouts:
         out = base if not layout else run(cfg, params, layout)
         moved = weight_and_pool_shapes(out["engine"])
-        diff = max(float(np.abs(a - b).max()) for a, b in zip(out["logits"], base["logits"])
-                   if a.shape == b.shape) if layout else 0.0
+        # speculating: greedy requests only (sampled ones draw other noise than without speculation)
+        greedy = [i for i, sp in enumerate(workload(cfg.vocab_size)[1]) if sp.temperature == 0]
+        compared = greedy if layout.get("speculative_config") else range(len(base["tokens"]))
+        diff = max(float(np.abs(out["logits"][i][:n] - base["logits"][i][:n]).max()) for i in compared
+                   for n in [min(len(out["logits"][i]), len(base["logits"][i]))]) if layout else 0.0
         print("RESULT " + json.dumps({
             "layout": layout,
             "tokens": out["tokens"],
-            "same_tokens": out["tokens"] == base["tokens"],
+            "same_tokens": [out["tokens"][i] for i in compared] == [base["tokens"][i] for i in compared],
+            "prefix_hits": out["engine"].stats().prefix_hits,
             "logits_max_abs_diff": diff,
             "logits_scale": float(max(np.abs(x).max() for x in base["logits"])),
             "compiles_after_warmup": out["compiles_after_warmup"],

@@ -15,7 +15,10 @@ from deepinfer.engine_config import EngineConfig
 from sharding.parallel import ParallelConfig
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-LAYOUTS = [{"tensor_parallel_size": 2}, {"tensor_parallel_size": 4, "enable_expert_parallel": True}]
+LAYOUTS = [{"tensor_parallel_size": 2}, {"tensor_parallel_size": 4, "enable_expert_parallel": True},
+           # MTP speculation on the mesh (its MoE expert-parallel too): greedy requests compared
+           {"tensor_parallel_size": 2, "enable_expert_parallel": True,
+            "speculative_config": {"method": "mtp", "num_speculative_tokens": 2}}]
 
 
 @pytest.fixture(scope="module")
@@ -38,18 +41,24 @@ def eplb_run(parallel_runs):
 def test_the_one_device_run_exercises_the_workload(parallel_runs):
     base = parallel_runs[0][0]
     assert base["preemptions"] > 0 and base["compiles_after_warmup"] == 0
-    assert [len(t) for t in base["tokens"]] == [10, 8, 12, 6, 9, 11]
+    assert [len(t) for t in base["tokens"]] == [10, 8, 12, 6, 9, 11, 7]
+    assert base["prefix_hits"] > 0  # the last prompt reuses the longest one's cached blocks
 
 
 @pytest.mark.parametrize("i", range(1, len(LAYOUTS) + 1), ids=[json.dumps(x) for x in LAYOUTS])
 def test_layout_equals_one_device(parallel_runs, i):
     run, base = parallel_runs[0][i], parallel_runs[0][0]
     assert run["devices"] == run["layout"]["tensor_parallel_size"]
-    assert run["tokens"] == base["tokens"]
+    # speculating, the greedy requests (sampled ones draw other noise than without speculation)
+    assert run["same_tokens"], (run["tokens"], base["tokens"])
+    if not run["layout"].get("speculative_config"):
+        assert run["tokens"] == base["tokens"]
+    else:
+        assert [len(t) for t in run["tokens"]] == [len(t) for t in base["tokens"]]
     # fp32: the partial sums of split matmuls and experts are added in another order
     assert run["logits_max_abs_diff"] < 1e-4 * base["logits_scale"], run["logits_max_abs_diff"]
     assert run["compiles_after_warmup"] == 0
-    assert run["preemptions"] > 0
+    assert run["preemptions"] > 0 and run["prefix_hits"] > 0
 
 
 @pytest.mark.parametrize("i", range(1, len(LAYOUTS) + 1), ids=[json.dumps(x) for x in LAYOUTS])
