@@ -3,6 +3,10 @@
     DEEPINFER_BATCH_INVARIANT=1 python -m tests.needle_batch_invariance \
         --models bundled,random:3 --budgets 13,32,256,2048 --trials 6 --modes on,off
 
+    # on a mesh of fake CPU devices
+    XLA_FLAGS=--xla_force_host_platform_device_count=2 DEEPINFER_BATCH_INVARIANT=1 python -m \
+        tests.needle_batch_invariance --models bundled --layout '{"tensor_parallel_size": 2}'
+
 A fixed prompt ("the needle", 150 tokens: several prefill chunks at small budgets,
 every compression boundary of the bundled model) runs alone, then inside random
 batches: 1-7 other prompts of 1-600 tokens arriving at random steps, so steps mix
@@ -122,10 +126,10 @@ def record_step_sizes(eng: LLMEngine) -> list[int]:
     return sizes
 
 
-def run_budget(cfg, params, budget: int, invariant: bool, trials: int, rng) -> dict:
+def run_budget(cfg, params, budget: int, invariant: bool, trials: int, rng, layout: dict | None = None) -> dict:
     eng = LLMEngine(cfg, params, EngineConfig(
         max_num_seqs=8, max_model_len=MAX_MODEL_LEN, max_num_batched_tokens=budget,
-        token_buckets=TOKEN_BUCKETS.get(budget), batch_invariant=invariant,
+        token_buckets=TOKEN_BUCKETS.get(budget), batch_invariant=invariant, **(layout or {}),
     ))
     step_tokens = record_step_sizes(eng)
     vocab = cfg.vocab_size
@@ -169,13 +173,17 @@ def main():
     ap.add_argument("--budgets", default="13,32,256,2048")
     ap.add_argument("--trials", type=int, default=6)
     ap.add_argument("--modes", default="on,off")
+    ap.add_argument("--layout", default="{}", help='the parallel layout as JSON, e.g. {"tensor_parallel_size": 2} '
+                    "(with XLA_FLAGS=--xla_force_host_platform_device_count=N on CPU)")
     args = ap.parse_args()
+    layout = json.loads(args.layout)
     budgets = [int(b) for b in args.budgets.split(",")]
     out: dict = {mode: {} for mode in args.modes.split(",")}
     for label, cfg, params in models(args.models):
         for mode in out:
             rng = np.random.default_rng(99)  # the same batches with the mode on and off
-            out[mode][label] = {str(b): run_budget(cfg, params, b, mode == "on", args.trials, rng) for b in budgets}
+            out[mode][label] = {str(b): run_budget(cfg, params, b, mode == "on", args.trials, rng, layout)
+                                for b in budgets}
         print(json.dumps({"model": label, **{m: out[m][label] for m in out}}), file=sys.stderr, flush=True)
         # Each compiled step program holds ~900 memory mappings on XLA CPU; a process runs out
         # (vm.max_map_count 65530, "LLVM compilation error: Cannot allocate memory") after ~70.

@@ -19,8 +19,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def run_needle(*args: str, **extra_env: str) -> dict:
-    env = {**os.environ, "DEEPINFER_BATCH_INVARIANT": "1", "JAX_PLATFORMS": "cpu", **extra_env}
+    env = {**os.environ, "DEEPINFER_BATCH_INVARIANT": "1", "JAX_PLATFORMS": "cpu"}
     env.pop("XLA_FLAGS", None)  # the mode must set what it needs itself
+    env.update(extra_env)
     out = subprocess.run([sys.executable, "-m", "tests.needle_batch_invariance", *args],
                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=3000)
     assert out.returncode == 0, out.stderr[-3000:]
@@ -66,6 +67,18 @@ def test_needle_with_the_kernels_is_bitwise_identical():
                         DEEPINFER_KERNELS="pallas")
     assert set(result) == {"on"}
     check_needle(result, trials=1)
+
+
+def test_needle_on_a_tensor_and_expert_parallel_mesh_is_bitwise_identical():
+    """The mode on a TP2 + EP2 mesh (2 fake CPU devices): the needle alone and inside random batches,
+    bitwise. The mesh's collectives add each element's per-device parts in an order fixed by the mesh,
+    not by the batch, so the invariance holds per layout; against one device it does not (a split
+    contraction or the experts' partial sums add in another order; tests/test_parallel_engine.py
+    compares layouts within the fp32 tolerance instead)."""
+    result = run_needle("--models", "bundled", "--budgets", "13,256", "--trials", "2", "--modes", "on",
+                        "--layout", json.dumps({"tensor_parallel_size": 2, "enable_expert_parallel": True}),
+                        XLA_FLAGS="--xla_force_host_platform_device_count=2")
+    check_needle(result, trials=2)
 
 
 @pytest.mark.slow
