@@ -23,6 +23,7 @@ from deepinfer.engine_config import EngineConfig
 from deepinfer.grammar.backend import GrammarBackend
 from deepinfer.load_progress import LoadProgress
 from deepinfer.model_loading import load_model
+from deepinfer.runtime.mesh_setup import load_shardings
 from deepinfer.models.deepseek_v4 import model_spec
 from deepinfer.params import init_params
 from deepinfer.runtime.engine import LLMEngine
@@ -98,7 +99,8 @@ class LLM:
             progress = LoadProgress(bar=True) if show_progress else None
             try:
                 cfg, params = load_model(model, dtype=dtype, mtp="require" if speculating else "skip",
-                                         quantized_weights=quantized_weights, progress=progress)
+                                         quantized_weights=quantized_weights, progress=progress,
+                                         shardings_for=load_shardings(config))  # straight onto the mesh
             finally:
                 if progress is not None:
                     progress.close()

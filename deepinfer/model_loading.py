@@ -7,9 +7,9 @@ surface accepts the same folders and gives the same errors.
 from __future__ import annotations
 
 import os
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
-from deepinfer.config import ModelConfig
+from deepinfer.config import ConfigError, ModelConfig
 from deepinfer.quant.formats import dequantize_tree
 
 QUANTIZED_WEIGHTS = ("dequantize", "keep")
@@ -22,15 +22,25 @@ def load_model(
     mtp: str = "auto",
     quantized_weights: str = "dequantize",
     shardings: Mapping[str, Any] | None = None,
+    shardings_for: Callable[[ModelConfig], Mapping[str, Any] | None] | None = None,
     progress=None,
 ) -> tuple[ModelConfig, dict]:
     """(config, params) from a checkpoint folder. ``quantized_weights``: FP8 / FP4 weights are
-    dequantized to ``dtype`` at load ("dequantize") or kept in their stored format ("keep")."""
+    dequantized to ``dtype`` at load ("dequantize") or kept in their stored format ("keep").
+    ``shardings`` ({tree path: Sharding}) places each weight as it is read; ``shardings_for`` makes
+    them from the folder's config (the engine's parallel layout: runtime/mesh_setup.load_shardings)."""
     if quantized_weights not in QUANTIZED_WEIGHTS:
         raise ValueError(f"quantized_weights must be one of {QUANTIZED_WEIGHTS}, got {quantized_weights!r}")
     if not os.path.isdir(directory):
         raise FileNotFoundError(f"{directory}: no such checkpoint folder")
     from deepinfer.orbax_manifest import is_orbax_checkpoint
+
+    if shardings_for is not None and shardings is None:
+        try:
+            cfg = ModelConfig.from_json_file(directory)
+        except (OSError, ConfigError):  # the loader below reports a bad or missing config.json itself
+            cfg = None
+        shardings = shardings_for(cfg) if cfg is not None else None
 
     if is_orbax_checkpoint(directory):
         from deepinfer.orbax_io import load_orbax

@@ -106,12 +106,37 @@ def eplb_check(cfg, params, base: dict) -> dict:
     return out
 
 
+def load_check() -> dict:
+    """LLM() on a TP4 + EP layout: every weight read from the checkpoint lands on its devices as it is
+    loaded (runtime/mesh_setup.load_shardings), so placing the tree on the mesh afterwards moves none."""
+    import sharding.placement as placement
+
+    moved, put = [], placement._put
+
+    def spy(a, s):
+        if getattr(a, "sharding", None) != s:
+            moved.append(list(a.shape))
+        return put(a, s)
+
+    placement._put = spy
+    try:
+        llm = LLM(None, warmup=False, show_progress=False, max_num_seqs=2, max_model_len=128, tensor_parallel_size=4,
+                  enable_expert_parallel=True, speculative_config={"method": "mtp", "num_speculative_tokens": 1})
+    finally:
+        placement._put = put
+    leaves = jax.tree.leaves(llm.engine.params)
+    return {"moved": moved, "leaves": len(leaves), "devices": sorted({len(a.sharding.device_set) for a in leaves}),
+            "experts_spec": [list(x) if isinstance(x, tuple) else x
+                             for x in llm.engine.params["layers"][2]["ffn"]["experts"]["w1"].sharding.spec]}
+
+
 def main(layouts: list[dict]) -> None:
     # the bundled model's weights, with the MTP block (a layout may speculate)
     llm = LLM(None, warmup=False, show_progress=False, max_num_seqs=1,
               speculative_config={"method": "mtp", "num_speculative_tokens": 2})
     cfg, params = llm.cfg, llm.engine.params
     base = run(cfg, params, {})
+    print("LOAD " + json.dumps(load_check()), flush=True)
     if "eplb" in layouts:
         layouts = [x for x in layouts if x != "eplb"]
         print("EPLB " + json.dumps(eplb_check(cfg, params, base)), flush=True)

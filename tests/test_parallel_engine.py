@@ -30,7 +30,8 @@ def parallel_runs():
     runs = [json.loads(line[len("RESULT "):]) for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
     assert [r["layout"] for r in runs] == [{}] + LAYOUTS
     eplb = [json.loads(line[len("EPLB "):]) for line in proc.stdout.splitlines() if line.startswith("EPLB ")]
-    return runs, eplb[0]
+    load = [json.loads(line[len("LOAD "):]) for line in proc.stdout.splitlines() if line.startswith("LOAD ")]
+    return runs, eplb[0], load[0]
 
 
 @pytest.fixture(scope="module")
@@ -74,6 +75,15 @@ def test_step_moves_activations_only(parallel_runs, i):
         # the experts' partial sums: one all-reduce of the step's [T, D] activations per MoE layer
         moe_sums = [c for c in run["collectives"] if c[0] == "all-reduce" and c[1] == [["f32", [1, 8, 256]]]]
         assert len(moe_sums) >= 4, run["collectives"]
+
+
+def test_llm_loads_each_weight_straight_onto_the_mesh(parallel_runs):
+    """A V4-Flash does not fit on one device first: LLM() reads each weight into its sharding, so placing
+    the tree afterwards moves nothing (the MTP block included, speculation on)."""
+    load = parallel_runs[2]
+    assert load["moved"] == [] and load["leaves"] > 100
+    assert load["devices"] == [4]  # every leaf on the 4-device mesh (split or replicated)
+    assert load["experts_spec"] == [["dp", "cp", "tp"], None, None]
 
 
 def test_layout_settings_are_checked_and_named():

@@ -42,6 +42,27 @@ def on_mesh(family, cfg, params: dict, config, devices=None) -> tuple:
     return cfg, params, placement
 
 
+def load_shardings(config, devices=None):
+    """For the loader: a function cfg -> {tree path: NamedSharding}, so that each weight goes straight
+    to its devices as it is read (V4-Flash's weights do not fit on one device first). None on one
+    device and with several processes (a mesh spanning other processes' devices is placed after
+    loading, each process building its own slices: sharding/placement.py). The mesh is the one
+    on_mesh builds from the same devices, so on_mesh finds every plain weight already placed; a
+    weight kept quantized may still move there (its parts split by the lead axis only)."""
+    parallel = config.parallel()
+    if parallel.is_single_device or jax.process_count() > 1:
+        return None
+
+    def shardings_for(cfg) -> dict:
+        from deepinfer.models.registry import family_for
+        from deepinfer.params import flatten_dotted
+
+        plan = parallel.plan(devices if devices is not None else jax.devices())
+        return flatten_dotted(plan.param_shardings(family_for(cfg).param_specs(cfg)))
+
+    return shardings_for
+
+
 def _with_placement_specs(spec_tree: dict, params: dict) -> dict:
     """The spec tree plus EPLB's tables (small, whole on every device); the physical expert slots keep
     their logical axes ("experts" split over the expert axes)."""

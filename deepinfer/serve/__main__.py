@@ -161,6 +161,7 @@ def build_state(args: argparse.Namespace):
     from deepinfer.grammar.backend import GrammarBackend
     from deepinfer.load_progress import LoadProgress
     from deepinfer.model_loading import load_model
+    from deepinfer.runtime.mesh_setup import load_shardings
     from deepinfer.models.deepseek_v4 import model_spec
     from deepinfer.params import count_params
     from deepinfer.runtime.engine import LLMEngine
@@ -188,7 +189,8 @@ def build_state(args: argparse.Namespace):
     speculating = early.num_speculative_tokens() > 0
     try:
         cfg, params = load_model(model_dir, dtype=args.dtype, mtp="require" if speculating else "skip",
-                                 quantized_weights=args.quantized_weights, progress=progress)
+                                 quantized_weights=args.quantized_weights, progress=progress,
+                                 shardings_for=load_shardings(early))  # straight onto the mesh
     finally:
         progress.close()
     tokenizer = TextTokenizer.from_dir(model_dir)
