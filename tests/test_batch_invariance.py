@@ -74,8 +74,9 @@ def test_needle_on_a_tensor_and_expert_parallel_mesh_is_bitwise_identical():
     bitwise. The mesh's collectives add each element's per-device parts in an order fixed by the mesh,
     not by the batch, so the invariance holds per layout; against one device it does not (a split
     contraction or the experts' partial sums add in another order; tests/test_parallel_engine.py
-    compares layouts within the fp32 tolerance instead)."""
-    result = run_needle("--models", "bundled", "--budgets", "13,256", "--trials", "2", "--modes", "on",
+    compares layouts within the fp32 tolerance instead). With the mode off the same run on the mesh
+    differed in 2 of 2 trials (measured; the companion above runs on one device)."""
+    result = run_needle("--models", "bundled", "--budgets", "32", "--trials", "2", "--modes", "on",
                         "--layout", json.dumps({"tensor_parallel_size": 2, "enable_expert_parallel": True}),
                         XLA_FLAGS="--xla_force_host_platform_device_count=2")
     check_needle(result, trials=2)
