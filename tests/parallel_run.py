@@ -106,7 +106,7 @@ def eplb_check(cfg, params, base: dict) -> dict:
     return out
 
 
-def load_check() -> dict:
+def load_check(params) -> dict:
     """LLM() on a TP4 + EP layout: every weight read from the checkpoint lands on its devices as it is
     loaded (runtime/mesh_setup.load_shardings), so placing the tree on the mesh afterwards moves none."""
     import sharding.placement as placement
@@ -125,7 +125,13 @@ def load_check() -> dict:
     finally:
         placement._put = put
     leaves = jax.tree.leaves(llm.engine.params)
+    # with EPLB the loaded (split) experts are then laid into their physical slots, 12 over 4 devices
+    eplb = LLM(None, warmup=False, show_progress=False, max_num_seqs=2, max_model_len=128, **EPLB).engine
+    slots = eplb.params["layers"][2]["ffn"]["experts"]["w1"]
+    want = np.asarray(params["layers"][2]["ffn"]["experts"]["w1"])[np.asarray(eplb.expert_placement)[2]]
     return {"moved": moved, "leaves": len(leaves), "devices": sorted({len(a.sharding.device_set) for a in leaves}),
+            "eplb_slots_equal": bool(np.array_equal(np.asarray(slots), want)), "eplb_slots_shape": list(slots.shape),
+            "eplb_slot_devices": len(slots.sharding.device_set),
             "experts_spec": [list(x) if isinstance(x, tuple) else x
                              for x in llm.engine.params["layers"][2]["ffn"]["experts"]["w1"].sharding.spec]}
 
@@ -136,7 +142,7 @@ def main(layouts: list[dict]) -> None:
               speculative_config={"method": "mtp", "num_speculative_tokens": 2})
     cfg, params = llm.cfg, llm.engine.params
     base = run(cfg, params, {})
-    print("LOAD " + json.dumps(load_check()), flush=True)
+    print("LOAD " + json.dumps(load_check(params)), flush=True)
     if "eplb" in layouts:
         layouts = [x for x in layouts if x != "eplb"]
         print("EPLB " + json.dumps(eplb_check(cfg, params, base)), flush=True)

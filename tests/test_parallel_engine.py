@@ -84,6 +84,8 @@ def test_llm_loads_each_weight_straight_onto_the_mesh(parallel_runs):
     assert load["moved"] == [] and load["leaves"] > 100
     assert load["devices"] == [4]  # every leaf on the 4-device mesh (split or replicated)
     assert load["experts_spec"] == [["dp", "cp", "tp"], None, None]
+    # EPLB on the same mesh: the split experts laid into 8 + 4 redundant slots hold the right weights
+    assert load["eplb_slots_equal"] and load["eplb_slots_shape"][0] == 12 and load["eplb_slot_devices"] == 4
 
 
 def test_layout_settings_are_checked_and_named():

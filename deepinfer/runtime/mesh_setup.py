@@ -58,6 +58,8 @@ def load_shardings(config, devices=None):
         from deepinfer.params import flatten_dotted
 
         plan = parallel.plan(devices if devices is not None else jax.devices())
+        if plan.expert_axes and cfg.n_routed_experts % plan.expert_parallel_size:
+            return None  # the experts split evenly only once EPLB puts them in their slots (on_mesh)
         return flatten_dotted(plan.param_shardings(family_for(cfg).param_specs(cfg)))
 
     return shardings_for
