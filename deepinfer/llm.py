@@ -23,10 +23,10 @@ from deepinfer.engine_config import EngineConfig
 from deepinfer.grammar.backend import GrammarBackend
 from deepinfer.load_progress import LoadProgress
 from deepinfer.model_loading import load_model
-from deepinfer.runtime.mesh_setup import load_shardings
 from deepinfer.models.deepseek_v4 import model_spec
 from deepinfer.params import init_params
 from deepinfer.runtime.engine import LLMEngine
+from deepinfer.runtime.mesh_setup import load_shardings
 from deepinfer.runtime.platform import select_platform
 from deepinfer.scheduler.sampling_params import SamplingParams
 from deepinfer.text.output import ChoiceOutput, take_new

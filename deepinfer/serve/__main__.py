@@ -161,10 +161,10 @@ def build_state(args: argparse.Namespace):
     from deepinfer.grammar.backend import GrammarBackend
     from deepinfer.load_progress import LoadProgress
     from deepinfer.model_loading import load_model
-    from deepinfer.runtime.mesh_setup import load_shardings
     from deepinfer.models.deepseek_v4 import model_spec
     from deepinfer.params import count_params
     from deepinfer.runtime.engine import LLMEngine
+    from deepinfer.runtime.mesh_setup import load_shardings
     from deepinfer.serve.api import ServerState
     from deepinfer.serve.async_engine import AsyncEngine
     from deepinfer.serve.metrics import ServerMetrics
