@@ -1,9 +1,10 @@
 """Put a loaded parameter tree on a ShardingPlan's mesh, leaf by leaf.
 
 The tree may be a subset of the spec tree (the MTP block skipped) and may hold QuantizedArrays
-(FP8 / FP4 weights kept in their stored format): their data and scales are shaped differently
-(packed bytes, per-block scales), so only a split of the leading axis, which the two share
-(stacked experts), carries over to them; anything else of theirs stays whole on every device.
+(FP8 / FP4 weights kept in their stored format): their data and scales have the weight's rank and
+axis meaning, so each part takes the weight's split where its own size divides (a part too small to
+split, e.g. an FP8 scale's few block rows, stays whole on every device) — the loader places parts by
+the same rule (deepinfer/weight_placement.part_sharding), so a tree loaded onto the mesh is not moved.
 """
 
 from __future__ import annotations
@@ -12,34 +13,37 @@ from typing import Any
 
 import jax
 import numpy as np
-from jax.sharding import NamedSharding, PartitionSpec
+from jax.sharding import NamedSharding
 
 from deepinfer.params import flatten_dotted, unflatten_dotted
 from deepinfer.quant.formats import QuantizedArray
-
-
-def _quantized_sharding(leaf: QuantizedArray, sharding: NamedSharding) -> NamedSharding:
-    lead = sharding.spec[0] if len(sharding.spec) and leaf.ndim >= 3 else None
-    return NamedSharding(sharding.mesh, PartitionSpec(lead))
+from deepinfer.weight_placement import part_sharding
 
 
 def param_shardings_for(params: Any, spec_tree: Any, plan) -> dict[str, Any]:
-    """{dotted path: sharding} for the leaves ``params`` has (a QuantizedArray: one for its parts)."""
+    """{dotted path: the weight's sharding} for the leaves ``params`` has."""
     specs = flatten_dotted(spec_tree)
     shardings = flatten_dotted(plan.param_shardings(spec_tree))
     out = {}
-    for path, leaf in flatten_dotted(params).items():
+    for path in flatten_dotted(params):
         if path not in specs:
             raise ValueError(f"{path}: a parameter the model's tree does not declare")
-        out[path] = _quantized_sharding(leaf, shardings[path]) if isinstance(leaf, QuantizedArray) else shardings[path]
+        out[path] = shardings[path]
     return out
 
 
 def place_params(params: Any, spec_tree: Any, plan) -> Any:
     """The same tree with every leaf on the plan's mesh (a leaf already placed so is not copied)."""
     shardings = param_shardings_for(params, spec_tree, plan)
-    flat = flatten_dotted(params)
-    placed = {path: jax.tree.map(lambda a, s=shardings[path]: _put(a, s), leaf) for path, leaf in flat.items()}
+    placed = {}
+    for path, leaf in flatten_dotted(params).items():
+        s = shardings[path]
+        if isinstance(leaf, QuantizedArray):
+            placed[path] = QuantizedArray(_put(leaf.data, part_sharding(s, leaf.data.shape)),
+                                          _put(leaf.scale, part_sharding(s, leaf.scale.shape)),
+                                          leaf.kind, leaf.block, leaf.dtype)
+        else:
+            placed[path] = _put(leaf, s)
     return unflatten_dotted(params, placed)
 
 

@@ -211,6 +211,51 @@ def test_llm_serves_the_quantized_checkpoint_in_both_modes(release_dir):
     assert all(len(t) == 8 for t in outs["keep"])
 
 
+def test_llm_keeps_quantized_weights_on_a_mesh(release_dir):
+    """LLM(quantized_weights="keep") on a TP2 + EP2 mesh (2 fake devices, a fresh process): each weight's
+    data and scales are read straight into their split (placing the tree on the mesh afterwards moves
+    nothing), FP8 linears and FP4 experts are split rather than copied whole, and the greedy tokens are
+    those of the same checkpoint on one device."""
+    script = textwrap.dedent(
+        f"""
+        import json
+        import sharding.placement as placement
+        from deepinfer.llm import LLM
+        from deepinfer.scheduler.sampling_params import SamplingParams
+        moved, put = [], placement._put
+        def spy(a, s):
+            if a.sharding != s:
+                moved.append(list(a.shape))
+            return put(a, s)
+        placement._put = spy
+        kw = dict(max_num_seqs=2, max_num_batched_tokens=16, max_model_len=48, page_size=4, token_buckets=(16,),
+                  row_buckets=(2,), warmup=False, show_progress=False, quantized_weights="keep")
+        prompts = [{{"prompt_token_ids": [3, 17, 42, 5, 9]}}, {{"prompt_token_ids": [60, 2, 2, 71]}}]
+        sp = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
+        one = LLM({str(release_dir)!r}, **kw)
+        want = [o.outputs[0].token_ids for o in one.generate(prompts, sp, use_tqdm=False)]
+        mesh = LLM({str(release_dir)!r}, tensor_parallel_size=2, enable_expert_parallel=True, **kw)
+        got = [o.outputs[0].token_ids for o in mesh.generate(prompts, sp, use_tqdm=False)]
+        layer = mesh.engine.params["layers"][2]
+        split = lambda a: [list(x.data.shape) for x in a.addressable_shards]
+        print("RESULT " + json.dumps({{"moved": moved, "want": want, "got": got,
+            "experts": list(layer["ffn"]["experts"]["w1"].data.shape), "experts_shards": split(layer["ffn"]["experts"]["w1"].data),
+            "wq_b": list(layer["attn"]["wq_b"].data.shape), "wq_b_shards": split(layer["attn"]["wq_b"].data)}}))
+        """
+    )
+    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=2", JAX_PLATFORMS="cpu")
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    proc = subprocess.run([sys.executable, "-c", script], cwd=root, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    r = json.loads(next(line for line in proc.stdout.splitlines() if line.startswith("RESULT "))[len("RESULT "):])
+    assert r["moved"] == []
+    assert r["got"] == r["want"] and all(len(t) == 8 for t in r["got"])
+    e, shards = r["experts"], r["experts_shards"]
+    assert shards == [[e[0] // 2, *e[1:]]] * 2  # FP4 experts: half the experts on each device
+    q, shards = r["wq_b"], r["wq_b_shards"]
+    assert shards == [[q[0] // 2, *q[1:]]] * 2  # FP8 query projection: split by heads, not copied whole
+
+
 # ---- bad input: each names the problem, nothing is loaded ----------------------------------------
 
 
