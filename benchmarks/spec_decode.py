@@ -36,11 +36,12 @@ from deepinfer.runtime.engine import LLMEngine  # noqa: E402
 from deepinfer.scheduler.sampling_params import SamplingParams  # noqa: E402
 
 
-def run(cfg, params, k: str, prompts, new_tokens: int, max_seqs: int, rounds: int) -> dict:
+def run(cfg, params, k: str, prompts, new_tokens: int, max_seqs: int, rounds: int, buckets=None) -> dict:
     drafts = 5 if k == "var" else int(k)
     spec = {"method": "mtp", "num_speculative_tokens": drafts} if drafts else None
-    ec = EngineConfig(max_num_seqs=max_seqs, max_num_batched_tokens=max(256, 8 * max_seqs), max_model_len=512,
-                      speculative_config=spec, mtp_varlen=k == "var")
+    budget = max(buckets) if buckets else max(256, 8 * max_seqs)
+    ec = EngineConfig(max_num_seqs=max_seqs, max_num_batched_tokens=budget, max_model_len=512,
+                      speculative_config=spec, mtp_varlen=k == "var", token_buckets=buckets)
     engine = LLMEngine(cfg, params, ec)
     engine.warmup()
     sp = SamplingParams(max_tokens=new_tokens, temperature=0.0, ignore_eos=True)
@@ -75,7 +76,10 @@ def main() -> None:
     ap.add_argument("--prompt-len", type=int, default=32)
     ap.add_argument("--rounds", type=int, default=3, help="workload repeats per engine; the fastest counts")
     ap.add_argument("--out", default=os.path.join(ROOT, "benchmarks", "results", "spec_decode.json"))
+    ap.add_argument("--token-buckets", help="e.g. 8,32: compile only these step sizes (the largest is the token "
+                    "budget); for a GPU, where each program compiles for long")
     args = ap.parse_args()
+    buckets = tuple(int(x) for x in args.token_buckets.split(",")) if args.token_buckets else None
     cfg, params = load_checkpoint(default_model_dir(), mtp="require")
     rng = np.random.default_rng(0)
     results = []
@@ -84,7 +88,7 @@ def main() -> None:
         prompts = [rng.integers(3, cfg.vocab_size, args.prompt_len).tolist() for _ in range(c)]
         base = None
         for k in args.ks.split(","):
-            r = run(cfg, params, k, prompts, args.new_tokens, max(c, 4), args.rounds)
+            r = run(cfg, params, k, prompts, args.new_tokens, max(c, 4), args.rounds, buckets)
             if k == "0":
                 base = r
             r["speedup"] = round(r["decode_tok_s"] / base["decode_tok_s"], 3) if base else None
