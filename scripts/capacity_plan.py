@@ -29,6 +29,8 @@ from deepinfer.models.deepseek_v4.param_tree import model_spec  # noqa: E402
 from deepinfer.params import flatten_dotted  # noqa: E402
 from deepinfer.quant.formats import FP4_GROUP, FP8_BLOCK  # noqa: E402
 from deepinfer.quant.quantize import release_format  # noqa: E402
+from sharding.parallel import MESH_AXES, ParallelConfig  # noqa: E402
+from sharding.rules import logical_to_partition_spec  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 GiB = 2**30
@@ -69,8 +71,7 @@ def stored_bytes(path: str, shape: tuple[int, ...], dtype: str) -> float:
 def split_of(axes: tuple, rules: dict, sizes: dict) -> int:
     """How many ways a tensor is split under ``rules`` over a mesh of ``sizes``."""
     parts = 1
-    for a in axes:
-        target = rules.get(a) if a is not None else None
+    for target in logical_to_partition_spec(tuple(axes), rules):
         for name in (target,) if isinstance(target, str) else (target or ()):
             parts *= sizes.get(name, 1)
     return parts
@@ -137,14 +138,19 @@ def kv_read_per_step(cfg: ModelConfig, context: int) -> float:
     return total
 
 
+def sequences_fit(dev: Device, w: dict, kv: dict, context: int, reserve: float) -> int:
+    """Sequences of ``context`` tokens whose cache fits beside the weights ``w`` and the reserve."""
+    return int((dev.hbm_bytes - sum(w.values()) - reserve) // (kv["per_token_total"] * context + kv["per_slot"]))
+
+
 def decode_plan(cfg, dev: Device, w: dict, group: int, tp: int, kv: dict, context: int, batch: int,
-                reserve: float) -> dict:
+                reserve: float, active: float) -> dict:
     """One engine of ``tp`` devices (tp = 1: a DP-attention rank) in an expert-parallel group of ``group``
     devices, decoding ``batch`` sequences of ``context`` tokens. V4 has one KV head, so tensor parallelism
     cannot split the cache: each of the tp devices holds and reads every sequence's KV."""
     held = sum(w.values())
     seq_bytes = kv["per_token_total"] * context + kv["per_slot"]
-    fits = int((dev.hbm_bytes - held - reserve) // seq_bytes)
+    fits = sequences_fit(dev, w, kv, context, reserve)
     moe_layers = len(cfg.mlp_layer_types)
     # every weight a device holds is read once per step (at batch >= 8 per rank every local expert gets
     # tokens: 64 ranks x 8 x 6 copies / 256 experts = 12 per expert), plus each sequence's KV reads
@@ -157,7 +163,7 @@ def decode_plan(cfg, dev: Device, w: dict, group: int, tp: int, kv: dict, contex
         # the experts (benchmarks/collectives.py), ring: 2 (n-1)/n of the buffer per device, over NVLink
         comm = 2 * len(cfg.layer_types) * batch * cfg.hidden_size * 4 * 2 * (tp - 1) / tp
         t_net = comm / dev.nvlink_bw
-    flops = batch * 2 * param_counts(cfg)["active_per_token"] / tp
+    flops = batch * 2 * active / tp
     t_flop = flops / dev.bf16_flops
     overlapped = max(t_mem, t_net, t_flop)  # two micro-batches hide the communication (DeepSeek's decode)
     return {"batch": batch, "context": context, "seq_bytes": seq_bytes, "sequences_fit": fits,
@@ -167,9 +173,8 @@ def decode_plan(cfg, dev: Device, w: dict, group: int, tp: int, kv: dict, contex
             "tok_s_per_device": batch / overlapped / tp, "tok_s_per_sequence": 1 / overlapped}
 
 
-def prefill_plan(cfg, dev: Device, context: int, mfu: float) -> dict:
+def prefill_plan(cfg, dev: Device, context: int, mfu: float, active: float, kv: dict) -> dict:
     """Compute-bound prefill: 2 x active params per token plus attention (window, top-k, indexer, HCA)."""
-    active = param_counts(cfg)["active_per_token"]
     heads = cfg.num_attention_heads
     attn = 0.0  # score + value flops per token at the middle of the context
     mid = context // 2
@@ -184,39 +189,39 @@ def prefill_plan(cfg, dev: Device, context: int, mfu: float) -> dict:
         attn += 4 * heads * cfg.head_dim * rows
     per_token = 2 * active + attn
     tok_s = dev.bf16_flops * mfu / per_token
-    kv = kv_figures(cfg)["per_token_total"]
     return {"flops_per_token": per_token, "tok_s_per_device": tok_s, "mfu": mfu,
-            "kv_out_bytes_per_s": tok_s * kv}
+            "kv_out_bytes_per_s": tok_s * kv["per_token_total"]}
 
 
 def build(config: str, device: str, context: int, reserve_gib: float, mfu: float, redundant: int) -> dict:
     cfg = ModelConfig.from_json_file(config)
     dev = DEVICES[device]
     kv = kv_figures(cfg)
-    ep_all = ("dp", "cp", "tp")
+    params = param_counts(cfg)
+    active = params["active_per_token"]
+
+    def built(tp: int) -> dict:  # the engine's own rules for TP + EP (ParallelConfig refuses DP above 1)
+        return ParallelConfig(tensor_parallel_size=tp, enable_expert_parallel=True).rules()
+
     layouts = {
         # DeepSeek's: attention data-parallel (every rank all attention weights), experts split 64 ways
-        "decode-64: DP64 attention + EP64 (target; DP not built)": ({"experts": ep_all}, {"dp": 64}, 64, 1),
+        "decode-64: DP64 attention + EP64 (target; DP not built)": ({"experts": MESH_AXES}, {"dp": 64}, 64, 1),
         # what the engine builds today for a node: TP8 attention + EP8, one engine per 8-GPU node
-        "decode, built today: TP8 + EP8 per node": (
-            {"q_heads": "tp", "heads": "tp", "index_heads": "tp", "o_lora": "tp", "vocab": "tp", "mlp": "tp",
-             "experts": ep_all}, {"tp": 8}, 8, 8),
-        "prefill-4: DP4 attention + EP4 (target)": ({"experts": ep_all}, {"dp": 4}, 4, 1),
-        "prefill-4, built today: TP4 + EP4": (
-            {"q_heads": "tp", "heads": "tp", "index_heads": "tp", "o_lora": "tp", "vocab": "tp", "mlp": "tp",
-             "experts": ep_all}, {"tp": 4}, 4, 4),
+        "decode, built today: TP8 + EP8 per node": (built(8), {"tp": 8}, 8, 8),
+        "prefill-4: DP4 attention + EP4 (target)": ({"experts": MESH_AXES}, {"dp": 4}, 4, 1),
+        "prefill-4, built today: TP4 + EP4": (built(4), {"tp": 4}, 4, 4),
     }
-    out = {"config": os.path.relpath(config, ROOT), "device": asdict(dev), "params": param_counts(cfg), "kv": kv,
+    out = {"config": os.path.relpath(config, ROOT), "device": asdict(dev), "params": params, "kv": kv,
            "kv_read_per_step": {c: kv_read_per_step(cfg, c) for c in (4096, 65536, context)}, "layouts": {}}
     for name, (rules, sizes, ep, tp) in layouts.items():
         w = weights(cfg, rules, sizes, include_mtp=True, redundant=redundant if "decode" in name else 0)
         entry = {"weights": w, "weights_total": sum(w.values()), "ep": ep, "tp": tp}
         if "decode" in name:
-            fit = decode_plan(cfg, dev, w, ep, tp, kv, context, 1, reserve_gib * GiB)["sequences_fit"]
-            entry["decode"] = [decode_plan(cfg, dev, w, ep, tp, kv, context, b, reserve_gib * GiB)
-                               for b in sorted({8, 32, 64, max(fit, 1)}) if b <= max(fit, 1)]
+            most = max(sequences_fit(dev, w, kv, context, reserve_gib * GiB), 1)
+            entry["decode"] = [decode_plan(cfg, dev, w, ep, tp, kv, context, b, reserve_gib * GiB, active)
+                               for b in sorted({8, 32, 64, most}) if b <= most]
         out["layouts"][name] = entry
-    out["prefill"] = prefill_plan(cfg, dev, context, mfu)
+    out["prefill"] = prefill_plan(cfg, dev, context, mfu, active, kv)
     out["assumptions"] = {"context": context, "reserve_gib": reserve_gib, "mfu": mfu,
                           "redundant_experts_per_layer": redundant}
     return out
