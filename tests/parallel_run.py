@@ -146,11 +146,11 @@ def main(layouts: list[dict]) -> None:
     if "eplb" in layouts:
         layouts = [x for x in layouts if x != "eplb"]
         print("EPLB " + json.dumps(eplb_check(cfg, params, base)), flush=True)
+    # speculating: greedy requests only (sampled ones draw other noise than without speculation)
+    greedy = [i for i, sp in enumerate(workload(cfg.vocab_size)[1]) if sp.temperature == 0]
     for layout in [{}] + layouts:
         out = base if not layout else run(cfg, params, layout)
         moved = weight_and_pool_shapes(out["engine"])
-        # speculating: greedy requests only (sampled ones draw other noise than without speculation)
-        greedy = [i for i, sp in enumerate(workload(cfg.vocab_size)[1]) if sp.temperature == 0]
         compared = greedy if layout.get("speculative_config") else range(len(base["tokens"]))
         diff = max(float(np.abs(out["logits"][i][:n] - base["logits"][i][:n]).max()) for i in compared
                    for n in [min(len(out["logits"][i]), len(base["logits"][i]))]) if layout else 0.0

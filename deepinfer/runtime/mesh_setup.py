@@ -47,8 +47,8 @@ def load_shardings(config, devices=None):
     to its devices as it is read (V4-Flash's weights do not fit on one device first). None on one
     device and with several processes (a mesh spanning other processes' devices is placed after
     loading, each process building its own slices: sharding/placement.py). The mesh is the one
-    on_mesh builds from the same devices, so on_mesh finds every plain weight already placed; a
-    weight kept quantized may still move there (its parts split by the lead axis only)."""
+    on_mesh builds from the same devices, and a quantized weight's parts are split by the same rule
+    (weight_placement.part_sharding) there and in the loader, so on_mesh finds every weight placed."""
     parallel = config.parallel()
     if parallel.is_single_device or jax.process_count() > 1:
         return None
