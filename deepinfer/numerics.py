@@ -12,6 +12,11 @@ import jax
 import jax.numpy as jnp
 
 
+# Levels of fixed_sum's tree that may fuse into one kernel (2**4 = 16 leaves per output): XLA
+# CPU fuses 4 levels at a time on its own; XLA GPU, left alone, compiled for minutes (see fixed_sum).
+FUSED_TREE_LEVELS = 4
+
+
 def fixed_sum(x: jax.Array, axis: int = -1, keepdims: bool = False) -> jax.Array:
     """Sum over one axis as a pairwise tree of elementwise adds, in a fixed order.
 
@@ -20,15 +25,24 @@ def fixed_sum(x: jax.Array, axis: int = -1, keepdims: bool = False) -> jax.Array
     (measured, jax 0.10.2). Elementwise adds are exact IEEE operations in the
     order written, so this tree gives every row the same bits whatever the batch.
     Used for every sum a token's result depends on (norms, softmaxes, pooling).
+
+    Every ``FUSED_TREE_LEVELS`` levels the partial sums pass an optimization barrier, so no
+    fusion holds more than 2**FUSED_TREE_LEVELS leaves per output. Without them XLA GPU took
+    minutes to compile the bundled model's step (24 s of it in priority fusion; H200, jax
+    0.11.2), with them 10 s (BENCHMARKS.md §6). The barriers move no arithmetic: same bits.
     """
     x = jnp.moveaxis(x, axis, -1)
     n = x.shape[-1]
     width = 1 << max(n - 1, 0).bit_length()
     if width != n:
         x = jnp.concatenate([x, jnp.zeros(x.shape[:-1] + (width - n,), x.dtype)], axis=-1)
+    level = 0
     while x.shape[-1] > 1:
         half = x.shape[-1] // 2
         x = x[..., :half] + x[..., half:]
+        level += 1
+        if level % FUSED_TREE_LEVELS == 0 and x.shape[-1] > 1:
+            x = jax.lax.optimization_barrier(x)
     out = x[..., 0]
     return jnp.expand_dims(out, axis) if keepdims else out
 

@@ -130,6 +130,42 @@ def test_fixed_sum_is_a_sum_and_row_independent():
     np.testing.assert_allclose(np.asarray(fixed_sum(x, 1, keepdims=True)), np.asarray(x).sum(1, keepdims=True), rtol=1e-5, atol=1e-5)
 
 
+def _pairwise_tree_numpy(x: np.ndarray) -> np.ndarray:
+    """fixed_sum's order written out in float32 numpy: zero-pad to a power of two, then add halves."""
+    width = 1 << max(x.shape[-1] - 1, 0).bit_length()
+    x = np.concatenate([x, np.zeros(x.shape[:-1] + (width - x.shape[-1],), np.float32)], axis=-1)
+    while x.shape[-1] > 1:
+        half = x.shape[-1] // 2
+        x = x[..., :half] + x[..., half:]
+    return x[..., 0]
+
+
+def test_fixed_sum_fuses_in_bounded_groups_with_the_tree_order_unchanged(monkeypatch):
+    # the barriers that keep XLA GPU's compile bounded (BENCHMARKS.md §6) sit every
+    # FUSED_TREE_LEVELS levels and leave the adds alone: the bits are the written-out tree's,
+    # and with a producer fused into the first levels (as in a softmax) the same as without barriers
+    from deepinfer import numerics
+
+    def softmax_denominator(a):
+        return numerics.fixed_sum(jnp.exp(a / 100) * a, -1)
+
+    rng = np.random.default_rng(2)
+    for width in (5, 17, 333, 4096):
+        x = jnp.asarray((rng.standard_normal((3, width)) * 100).astype(np.float32))
+        exact = np.asarray(jax.jit(lambda a: numerics.fixed_sum(a, -1))(x))
+        assert exact.tobytes() == _pairwise_tree_numpy(np.asarray(x)).tobytes(), width
+        levels = max(width - 1, 0).bit_length()
+        barriers = jax.jit(lambda a: numerics.fixed_sum(a, -1)).lower(x).as_text().count("optimization_barrier")
+        assert barriers == (levels - 1) // numerics.FUSED_TREE_LEVELS, (width, barriers)
+        fused = np.asarray(jax.jit(softmax_denominator)(x))
+        with monkeypatch.context() as m:
+            m.setattr(numerics, "FUSED_TREE_LEVELS", 1 << 20)  # no barrier at all: XLA fuses as it likes
+            unbarred_fn = jax.jit(lambda a: softmax_denominator(a))  # a new function: traced again
+            assert "optimization_barrier" not in unbarred_fn.lower(x).as_text()
+            unbarred = np.asarray(unbarred_fn(x))
+        assert fused.tobytes() == unbarred.tobytes(), width
+
+
 def test_mode_refuses_a_cpu_backend_without_the_flag(monkeypatch):
     monkeypatch.setenv("XLA_FLAGS", "")
     with pytest.raises(RuntimeError, match="needs XLA_FLAGS=" + CPU_FLAG):
