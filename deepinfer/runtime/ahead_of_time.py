@@ -26,15 +26,22 @@ class CompileAhead:
     left to the caller's own dispatch, which compiles again and raises it where it is handled.
     Take ``abstract`` arguments on the caller's thread: live arrays may be donated meanwhile."""
 
-    def __init__(self, jitted, *args):
-        self._thread = threading.Thread(target=self._run, args=(jitted, args), name="deepinfer-compile", daemon=True)
+    def __init__(self, jitted, *args, _many=None):
+        jobs = _many if _many is not None else [args]
+        self._thread = threading.Thread(target=self._run, args=(jitted, jobs), name="deepinfer-compile", daemon=True)
         self._thread.start()
 
-    def _run(self, jitted, args) -> None:
-        try:
-            jitted.lower(*args).compile()
-        except Exception:  # the caller's dispatch compiles it again and raises there
-            pass
+    @classmethod
+    def each(cls, jitted, arg_lists) -> "CompileAhead":
+        """Compile ``jitted`` for each argument list in turn, on one worker thread."""
+        return cls(jitted, _many=list(arg_lists))
+
+    def _run(self, jitted, jobs) -> None:
+        for args in jobs:
+            try:
+                jitted.lower(*args).compile()
+            except Exception:  # the caller's dispatch compiles it again and raises there
+                pass
 
     def join(self) -> None:
         self._thread.join()

@@ -26,7 +26,7 @@ from deepinfer.models.interface import ModelFamily, PagedLayout
 @dataclass(frozen=True)
 class OpsShape:
     num_ops: int  # K: saves, restores, clears and copies per pool, each padded to K
-    num_marks: int  # M: penalty marks (0 or a power of two)
+    num_marks: int  # M: penalty marks (0 or MARKS_PER_DISPATCH)
     num_snapshots: int
 
 
@@ -67,8 +67,16 @@ def snapshot_bytes(family: ModelFamily, cfg, layout: PagedLayout, dtype) -> int:
     return sum(int(np.prod(x.shape[1:])) * x.dtype.itemsize for x, k in zip(shapes, kinds) if k == "slot")
 
 
+# Penalty marks per dispatch of the cache program: a hit's marks (one per restored token) go in
+# chunks of this many, so the program has two shapes (none, a chunk) that warm-up compiles, instead
+# of one per power of two that compiled mid-serving on the first long hit with penalties.
+MARKS_PER_DISPATCH = 256
+
+
 def marks_bucket(n: int) -> int:
-    return 0 if n == 0 else max(64, 1 << (n - 1).bit_length())
+    if n > MARKS_PER_DISPATCH:
+        raise ValueError(f"{n} penalty marks in one dispatch: at most {MARKS_PER_DISPATCH} (PrefixRuntime.apply splits them)")
+    return 0 if n == 0 else MARKS_PER_DISPATCH
 
 
 def pack_ops(ops, shape: OpsShape, num_slots: int, pools: tuple[tuple[str, int], ...]) -> np.ndarray:

@@ -11,6 +11,7 @@ import jax.numpy as jnp
 from deepinfer.runtime.ahead_of_time import CompileAhead, abstract
 from deepinfer.runtime.compile_guard import CompileCounter
 from deepinfer.runtime.prefix_ops import (
+    MARKS_PER_DISPATCH,
     OpsShape,
     cache_ops_jit,
     init_store,
@@ -72,15 +73,20 @@ class PrefixRuntime:
         self.store = init_store(e.family, e.cfg, e.layout, e.dtype, self.num_snapshots)
 
     def apply(self, ops: CacheOps) -> None:
-        """Dispatch the operations (asynchronous; ordered before whatever is dispatched next)."""
-        k = self.num_ops
+        """Dispatch the operations (asynchronous; ordered before whatever is dispatched next): the
+        saves, restores, clears and copies in chunks of num_ops, then the penalty marks (which follow
+        the restores) in chunks of MARKS_PER_DISPATCH: two program shapes in all."""
+        k, marks = self.num_ops, ops.marks
+        ops = CacheOps(ops.saves, ops.restores, ops.clears, ops.copies, [])
         while ops:
-            self._dispatch(CacheOps(ops.saves[:k], ops.restores[:k], ops.clears[:k], ops.copies[:k], ops.marks))
+            self._dispatch(CacheOps(ops.saves[:k], ops.restores[:k], ops.clears[:k], ops.copies[:k], []))
             ops = CacheOps(ops.saves[k:], ops.restores[k:], ops.clears[k:], ops.copies[k:], [])
+        for i in range(0, len(marks), MARKS_PER_DISPATCH):
+            self._dispatch(CacheOps(marks=marks[i : i + MARKS_PER_DISPATCH]))
 
-    def _dispatch(self, ops: CacheOps) -> None:
+    def _dispatch(self, ops: CacheOps, shape: OpsShape | None = None) -> None:
         e = self.engine
-        shape = self._ops_shape(ops)
+        shape = shape or self._ops_shape(ops)
         ints = pack_ops(ops, shape, e.layout.num_slots, e.layout.num_pages)
         with CompileCounter() as counter:
             e.state, self.store = cache_ops_jit(e.family, e.cfg, e.layout, shape, e.state, self.store,
@@ -90,15 +96,20 @@ class PrefixRuntime:
     def _ops_shape(self, ops: CacheOps) -> OpsShape:
         return OpsShape(self.num_ops, marks_bucket(len(ops.marks)), self.num_snapshots)
 
+    def _shapes(self) -> list[OpsShape]:
+        """The program's two shapes: without penalty marks, and with a chunk of them."""
+        return [OpsShape(self.num_ops, m, self.num_snapshots) for m in (0, MARKS_PER_DISPATCH)]
+
     def compile_ahead(self) -> CompileAhead:
-        """Start compiling warmup()'s program on a worker thread (the engine's thread meanwhile
+        """Start compiling warmup()'s programs on a worker thread (the engine's thread meanwhile
         compiles its first step program); ``join()`` it before warmup()."""
-        e, ops = self.engine, CacheOps()
-        shape = self._ops_shape(ops)
-        ints = jnp.asarray(pack_ops(ops, shape, e.layout.num_slots, e.layout.num_pages))
-        return CompileAhead(cache_ops_jit, e.family, e.cfg, e.layout, shape, abstract(e.state), abstract(self.store),
-                            abstract(ints))
+        e = self.engine
+        jobs = [(shape, jnp.asarray(pack_ops(CacheOps(), shape, e.layout.num_slots, e.layout.num_pages)))
+                for shape in self._shapes()]
+        return CompileAhead.each(cache_ops_jit, [(e.family, e.cfg, e.layout, shape, abstract(e.state),
+                                                  abstract(self.store), abstract(ints)) for shape, ints in jobs])
 
     def warmup(self) -> None:
-        """Compile the program (no marks) with operations that all fall out of range."""
-        self._dispatch(CacheOps())
+        """Compile the programs (no marks, a chunk of marks) with operations that all fall out of range."""
+        for shape in self._shapes():
+            self._dispatch(CacheOps(), shape)
