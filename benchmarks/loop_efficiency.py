@@ -1,7 +1,7 @@
 """Loop efficiency: engine decode throughput / fused on-device generate() throughput.
 
     python benchmarks/loop_efficiency.py [--models bundled,tiny,mid] [--batches 1,32] [--new-tokens 32]
-                                         [--sized-buckets]
+                                         [--sized-buckets] [--decode-steps 1,4]
 
 For each model and batch: the same requests (prompt --prompt-len, N new tokens,
 greedy) through LLMEngine with overlap on, then off, and through
@@ -11,6 +11,8 @@ per step: host time, device time and device-busy fraction (runtime/step_timer.py
 The engine runs with the default settings of LLM() and the server (buckets, budget, max_model_len),
 only max_num_seqs raised to the batch where it is larger than the default; --sized-buckets instead
 gives it one token bucket of exactly the batch (the round-one setting, which hid the bucket cost).
+--decode-steps: the engine's num_continuous_decode_steps values to measure, each its own rows (default:
+the default setting's alone; scheduler/decode_burst.py).
 Prints a table and one JSON record (also written to benchmarks/results/loop_efficiency.json).
 The bundled trained model, or random weights (configs/tiny_mixed.json, configs/mid.json); CPU unless
 a GPU is present.
@@ -19,6 +21,7 @@ a GPU is present.
 from __future__ import annotations
 
 import argparse
+import itertools
 import os
 import sys
 
@@ -51,18 +54,20 @@ def load(name: str):
     return cfg, init_params(model_spec(cfg, include_mtp=False), jax.random.key(0))
 
 
-def engine_config(batch: int, plen: int, n: int, overlap: bool, sized: bool) -> EngineConfig:
+def engine_config(batch: int, plen: int, n: int, overlap: bool, sized: bool, steps: int) -> EngineConfig:
     if sized:  # round one's setting: buckets of exactly this batch
         return EngineConfig(max_num_seqs=batch, max_num_batched_tokens=batch * plen, max_model_len=plen + n + 1,
                             page_size=16, token_buckets=(batch, batch * plen), row_buckets=(batch,), overlap=overlap,
-                            measure_device=True)
+                            measure_device=True, num_continuous_decode_steps=steps)
     defaults = EngineConfig()
-    return EngineConfig(max_num_seqs=max(batch, defaults.max_num_seqs), overlap=overlap, measure_device=True)
+    return EngineConfig(max_num_seqs=max(batch, defaults.max_num_seqs), overlap=overlap, measure_device=True,
+                        num_continuous_decode_steps=steps)
 
 
-def measure(cfg, params, batch: int, plen: int, n: int, overlap: bool, fused_rate: float, sized: bool) -> dict:
+def measure(cfg, params, batch: int, plen: int, n: int, overlap: bool, fused_rate: float, sized: bool,
+            steps: int) -> dict:
     prompts = np.random.default_rng(1).integers(2, cfg.vocab_size, (batch, plen))
-    engine = LLMEngine(cfg, params, engine_config(batch, plen, n, overlap, sized))
+    engine = LLMEngine(cfg, params, engine_config(batch, plen, n, overlap, sized, steps))
     engine.warmup()
 
     def run_engine(k):
@@ -82,7 +87,7 @@ def measure(cfg, params, batch: int, plen: int, n: int, overlap: bool, fused_rat
     rate = batch * (n - 1) / max(tn - t1, 1e-9)
     engine.check_all_free()
     return {
-        "batch": batch, "new_tokens": n, "overlap": overlap, "engine_decode_tok_s": round(rate, 1),
+        "batch": batch, "new_tokens": n, "overlap": overlap, "decode_steps": steps, "engine_decode_tok_s": round(rate, 1),
         "generate_decode_tok_s": round(fused_rate, 1), "ratio": round(rate / fused_rate, 3),
         "host_ms_per_step": round(1e3 * (engine.host_s - host0) / steps, 3),
         "device_ms_per_step": round(1e3 * timing["device_s_per_step"], 3),
@@ -107,22 +112,24 @@ def main():
     ap.add_argument("--batches", default="1,32")
     ap.add_argument("--prompt-len", type=int, default=32)
     ap.add_argument("--new-tokens", type=int, default=32)
+    ap.add_argument("--decode-steps", default=str(EngineConfig().num_continuous_decode_steps),
+                    help="num_continuous_decode_steps values, comma-separated")
     ap.add_argument("--out", default=os.path.join(ROOT, "benchmarks", "results", "loop_efficiency.json"))
     args = ap.parse_args()
     record = {"benchmark": "loop_efficiency", "device": jax.devices()[0].device_kind, "prompt_len": args.prompt_len,
               "buckets": "sized to the batch" if args.sized_buckets else "engine defaults",
               "new_tokens": args.new_tokens, "results": []}
-    print(f"{'model':6} {'batch':>5} {'overlap':>7} {'engine tok/s':>12} {'generate tok/s':>14} {'ratio':>6} "
+    print(f"{'model':6} {'batch':>5} {'overlap':>7} {'steps':>5} {'engine tok/s':>12} {'generate tok/s':>14} {'ratio':>6} "
           f"{'host ms/step':>12} {'device ms/step':>14} {'busy':>5}")
     for name in args.models.split(","):
         cfg, params = load(name)
         for b in (int(x) for x in args.batches.split(",")):
             g = fused(cfg, params, b, args.prompt_len, args.new_tokens)
-            for overlap in (True, False):
+            for steps, overlap in itertools.product((int(x) for x in args.decode_steps.split(",")), (True, False)):
                 r = {"model": name, **measure(cfg, params, b, args.prompt_len, args.new_tokens, overlap, g,
-                                              args.sized_buckets)}
+                                              args.sized_buckets, steps)}
                 record["results"].append(r)
-                print(f"{name:6} {b:>5} {'on' if overlap else 'off':>7} {r['engine_decode_tok_s']:>12} "
+                print(f"{name:6} {b:>5} {'on' if overlap else 'off':>7} {steps:>5} {r['engine_decode_tok_s']:>12} "
                       f"{r['generate_decode_tok_s']:>14} {r['ratio']:>6} {r['host_ms_per_step']:>12} "
                       f"{r['device_ms_per_step']:>14} {r['device_busy_fraction']:>5}", flush=True)
     write_record(record, args.out)

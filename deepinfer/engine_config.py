@@ -73,6 +73,10 @@ class EngineConfig:
     enable_eplb: bool = False
     num_redundant_experts: int = 0
     eplb_step_interval: int = 0
+    # decode steps per dispatch (SGLang's --num-continuous-decode-steps): when every row of a step is a
+    # plain decode and nothing waits to be admitted, run this many steps in one program (an on-device
+    # loop) and read their tokens at once (scheduler/decode_burst.py); 1: one step per dispatch
+    num_continuous_decode_steps: int = 1
     # check the allocator invariant after every step (tests; env DEEPINFER_CHECK_INVARIANTS=1)
     check_invariants: bool = field(default_factory=lambda: os.environ.get("DEEPINFER_CHECK_INVARIANTS") == "1")
 
@@ -85,6 +89,12 @@ class EngineConfig:
         if (self.num_redundant_experts or self.eplb_step_interval) and not self.enable_eplb:
             raise ValueError("num_redundant_experts and eplb_step_interval need enable_eplb")
         check_policy(self.scheduling_policy)
+        n, most = self.num_continuous_decode_steps, (self.max_backtrack + 1) // 2
+        if not isinstance(n, int) or isinstance(n, bool) or not 1 <= n <= max(most, 1):
+            # a request that stops on its first token of a burst still runs to the burst's end, and the
+            # step planned after it too: the window rings must keep (2 n - 1) positions past the stop
+            raise ValueError(f"num_continuous_decode_steps must be an integer in [1, {max(most, 1)}] (at most "
+                             f"(max_backtrack + 1) // 2 with max_backtrack {self.max_backtrack}), got {n!r}")
         if self.prefix_replay not in ("snapshot", "recompute"):
             raise ValueError(f"prefix_replay must be 'snapshot' or 'recompute', got {self.prefix_replay!r}")
         for key in ("prefix_block_size", "prefix_checkpoint_interval"):

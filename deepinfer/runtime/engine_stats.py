@@ -28,6 +28,9 @@ class EngineStats:
     pages_free: dict[str, int] = field(default_factory=dict)
     cached_blocks: int = 0
     snapshots: int = 0
+    # model steps since start, and the decode bursts among their dispatches (several steps each)
+    num_steps: int = 0
+    num_decode_bursts: int = 0
     # step programs: token buckets ready to dispatch, and those a background warm-up still compiles
     programs_ready: tuple[int, ...] = ()
     programs_compiling: tuple[int, ...] = ()
@@ -76,6 +79,8 @@ def engine_stats(engine) -> EngineStats:
         pages_free={name: p.num_free for name, p in sched.pools.items()},
         cached_blocks=cache.num_blocks if cache else 0,
         snapshots=cache.num_snapshots_held if cache else 0,
+        num_steps=engine.num_steps,
+        num_decode_bursts=engine.num_decode_bursts,
         programs_ready=engine.ready_token_buckets(),
         programs_compiling=tuple(engine.warming.pending) if engine.warming is not None else (),
     )

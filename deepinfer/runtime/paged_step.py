@@ -306,7 +306,31 @@ def paged_sample_step(family, cfg, layout, shape: PlanShape, params, state, fwd:
     return out, pin_state(family, cfg, layout, state)
 
 
+def paged_burst(family, cfg, layout, shape: PlanShape, params, state, ints, floats, bitmask):
+    """``shape.steps`` decode steps of one packed plan in one program (a decode burst,
+    scheduler/decode_burst.py): iteration i feeds each row the token it sampled in iteration i - 1
+    (a placeholder: the slot's last token) at its position + i, so it computes what that many single
+    steps would. -> (tokens [R, steps] int32, new state)."""
+    pools = tuple(name for name, _ in layout.num_pages)
+    tok, rows, tables = unpack(shape, pools, ints, floats)
+
+    def one(state, i):
+        t = tok._replace(tokens=jnp.where(i > 0, -1, tok.tokens), positions=tok.positions + i)
+        out, state = run_step(family, cfg, layout, params, state, t, rows._replace(length=rows.length + i), tables,
+                              0, bitmask)
+        return state, out.tokens[:, 0]
+
+    state, tokens = jax.lax.scan(one, state, jnp.arange(shape.steps, dtype=jnp.int32))
+    return tokens.T, pin_state(family, cfg, layout, state)
+
+
 # One program per static (family, config, layout, plan shape); the state is updated in place.
 paged_step_jit = jax.jit(paged_step, static_argnums=(0, 1, 2, 3), donate_argnums=(5,))
 paged_forward_jit = jax.jit(paged_forward_step, static_argnums=(0, 1, 2, 3), donate_argnums=(5,))
 paged_sample_jit = jax.jit(paged_sample_step, static_argnums=(0, 1, 2, 3), donate_argnums=(5,))
+paged_burst_jit = jax.jit(paged_burst, static_argnums=(0, 1, 2, 3), donate_argnums=(5,))
+
+
+def step_program(shape: PlanShape):
+    """The jitted program that runs a plan of ``shape`` (a burst's, or the one-step program)."""
+    return paged_burst_jit if shape.steps > 1 else paged_step_jit

@@ -27,7 +27,7 @@ def read_step(engine, plan: StepPlan, tokens: jax.Array, logits: jax.Array, logp
     sampled = {}
     for i, (req, _) in enumerate(plan.scheduled):
         if plan.samples(req) and not req.is_finished:
-            n = int(emitted[i]) if emitted is not None else 1
+            n = int(emitted[i]) if emitted is not None else plan.burst  # (a decode burst: [R, steps])
             sampled[req.request_id] = tokens[i, :n].tolist()
             engine.updated.append(req)
             if new_drafts is not None:

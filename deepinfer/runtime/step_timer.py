@@ -21,7 +21,8 @@ from dataclasses import dataclass
 class StepTimes:
     dispatch: float
     ready: float
-    device: float  # seconds the device spent on this step
+    device: float  # seconds the device spent on this dispatch
+    steps: int = 1  # model steps in it (a decode burst runs several)
 
 
 class StepTimer:
@@ -33,16 +34,16 @@ class StepTimer:
         self._thread = threading.Thread(target=self._watch, name="deepinfer-step-timer", daemon=True)
         self._thread.start()
 
-    def dispatched(self, array) -> None:
-        """Call right after dispatching a step, with one of its output arrays."""
-        self._pending.put((time.perf_counter(), array))
+    def dispatched(self, array, steps: int = 1) -> None:
+        """Call right after dispatching a step (or a burst of ``steps``), with one of its output arrays."""
+        self._pending.put((time.perf_counter(), array, steps))
 
     def _watch(self) -> None:
         while True:
             item = self._pending.get()
             if item is None:
                 return
-            dispatch, array = item
+            dispatch, array, steps = item
             try:
                 array.block_until_ready()
             except Exception:  # a failed step: the engine reports it; nothing to time
@@ -51,7 +52,7 @@ class StepTimer:
             start = max(dispatch, self._last_ready)
             self._last_ready = ready
             with self._lock:
-                self.done.append(StepTimes(dispatch, ready, ready - start))
+                self.done.append(StepTimes(dispatch, ready, ready - start, steps))
 
     def drain(self, timeout: float = 10.0) -> None:
         """Wait until every dispatched step has been stamped."""
@@ -61,14 +62,16 @@ class StepTimer:
         time.sleep(0.002)
 
     def summary(self) -> dict:
-        """Device seconds per step (mean) and the busy fraction over the recorded window."""
+        """Device seconds per model step (mean; a burst counts its steps) and the busy fraction over the
+        recorded window."""
         with self._lock:
             steps = list(self.done)
         if len(steps) < 2:
             return {"steps": len(steps), "device_s_per_step": None, "busy_fraction": None}
         wall = steps[-1].ready - steps[0].dispatch
         busy = sum(s.device for s in steps)
-        return {"steps": len(steps), "device_s_per_step": busy / len(steps), "busy_fraction": min(1.0, busy / wall)}
+        n = sum(s.steps for s in steps)
+        return {"steps": n, "device_s_per_step": busy / n, "busy_fraction": min(1.0, busy / wall)}
 
     def reset(self) -> None:
         with self._lock:

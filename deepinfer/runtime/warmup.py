@@ -13,7 +13,7 @@ import jax
 import jax.numpy as jnp
 
 from deepinfer.runtime.ahead_of_time import abstract
-from deepinfer.runtime.paged_step import paged_forward_jit, paged_sample_jit, paged_step_jit
+from deepinfer.runtime.paged_step import paged_forward_jit, paged_sample_jit, paged_step_jit, step_program
 from deepinfer.runtime.step_program import abstract_inputs
 from deepinfer.scheduler.plan import PlanShape, pack, row_field_at
 from deepinfer.scheduler.step_cost import StepCostModel
@@ -43,7 +43,9 @@ def warm_up(engine, progress=None, background: bool = False, begin: bool = True)
             engine.step_timer.drain()
             engine.step_timer.reset()
         # the small decode shapes first (every decode step runs in one), then the larger ones
-        rest = sorted((s for s in shapes if s != first), key=lambda s: (s.num_tokens > first.num_tokens, s.num_tokens))
+        # (decode bursts' programs last: the engine uses them once everything is compiled)
+        rest = sorted((s for s in shapes if s != first),
+                      key=lambda s: (s.steps > 1, s.num_tokens > first.num_tokens, s.num_tokens))
         structured = engine.config.warm_structured and engine.grammar is not None and engine.overlap
         engine.warming = BackgroundWarmup(engine, first, rest, structured)
         follow_background(engine)
@@ -102,7 +104,7 @@ def _compile_by_running(engine, shape: PlanShape) -> None:
     ``EngineConfig.warm_structured`` its two halves (constrained steps with overlap; otherwise
     compiled on first use)."""
     engine._run(StepPlan(), shape)
-    if engine.config.warm_structured and engine.grammar is not None and engine.overlap:
+    if engine.config.warm_structured and engine.grammar is not None and engine.overlap and shape.steps == 1:
         engine._run_sample(StepPlan(), shape, engine._run_forward(StepPlan(), shape))
 
 
@@ -194,12 +196,15 @@ class BackgroundWarmup:
                 self._idle.wait(self.PATIENCE_S)
                 if self._stop.is_set():
                     return
-                paged_step_jit.lower(*args, shape, params, state, ints, floats, bitmask).compile()
-                self._ready.append(shape.num_tokens)
+                step_program(shape).lower(*args, shape, params, state, ints, floats, bitmask).compile()
+                if shape.steps == 1:  # a token bucket the engine may dispatch now (bursts wait for all)
+                    self._ready.append(shape.num_tokens)
                 self.pending.remove(shape.num_tokens)
-                log.info("warm-up: step program for %d tokens x %d rows ready (%d still compiling)",
-                         shape.num_tokens, shape.num_rows, len(self.pending))
-            for shape, (ints, floats, bitmask) in jobs if structured else ():  # the halves of constrained steps
+                log.info("warm-up: step program for %d tokens x %d rows%s ready (%d still compiling)",
+                         shape.num_tokens, shape.num_rows, f" x {shape.steps} steps" if shape.steps > 1 else "",
+                         len(self.pending))
+            halves = [job for job in jobs if job[0].steps == 1] if structured else []
+            for shape, (ints, floats, bitmask) in halves:  # the halves of constrained steps
                 self._idle.wait(self.PATIENCE_S)
                 if self._stop.is_set():
                     return

@@ -55,6 +55,7 @@ class PlanShape:
     max_pages: tuple[int, ...]  # per pool
     num_drafts: int = 0  # > 0: speculative decoding, the step verifies up to this many drafts per row and drafts as many
     varlen: bool = False  # confidence scheduling: rows verify any number of drafts, the drafter may be skipped
+    steps: int = 1  # > 1: a decode burst, this many steps of the plan's rows in one program (decode_burst.py)
 
     @property
     def int_size(self) -> int:

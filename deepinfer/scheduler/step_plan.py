@@ -33,6 +33,9 @@ class StepPlan:
     # (token bucket, row bucket, draft depth, grid width) of the step as dispatched: the key its
     # measured duration refines the step-cost model under (step_cost.py)
     cost_key: tuple[int, int, int, int] | None = None
+    # steps the plan's rows run in one dispatch (a decode burst: each row samples this many tokens,
+    # scheduler/decode_burst.py); 1: an ordinary step
+    burst: int = 1
 
     @property
     def num_tokens(self) -> int:

@@ -42,6 +42,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max-body-bytes", type=int, default=1 << 20, help="largest request body; larger gets 413")
     p.add_argument("--batch-invariant", action="store_true", default=os.environ.get("DEEPINFER_BATCH_INVARIANT") == "1",
                    help="outputs independent of the rest of the batch, bitwise (env DEEPINFER_BATCH_INVARIANT=1)")
+    p.add_argument("--num-continuous-decode-steps", type=int, default=1,
+                   help="decode steps per dispatch when every row decodes and nobody waits (SGLang's flag; "
+                        "tokens then stream in groups of this many)")
     p.add_argument("--no-overlap", action="store_true", default=os.environ.get("DEEPINFER_NO_OVERLAP") == "1",
                    help="wait for each step before planning the next (comparison, debugging; env DEEPINFER_NO_OVERLAP=1)")
     p.add_argument("--speculative-config", type=_speculative_config, default=None,
@@ -185,7 +188,8 @@ def build_state(args: argparse.Namespace):
         speculative_config=args.speculative_config, tensor_parallel_size=args.tensor_parallel_size,
         data_parallel_size=args.data_parallel_size, context_parallel_size=args.context_parallel_size,
         enable_expert_parallel=args.enable_expert_parallel, enable_eplb=args.enable_eplb,
-        num_redundant_experts=args.num_redundant_experts, eplb_step_interval=args.eplb_step_interval)
+        num_redundant_experts=args.num_redundant_experts, eplb_step_interval=args.eplb_step_interval,
+        num_continuous_decode_steps=args.num_continuous_decode_steps)
     speculating = early.num_speculative_tokens() > 0
     try:
         cfg, params = load_model(model_dir, dtype=args.dtype, mtp="require" if speculating else "skip",
@@ -216,7 +220,7 @@ def build_state(args: argparse.Namespace):
         tensor_parallel_size=args.tensor_parallel_size, data_parallel_size=args.data_parallel_size,
         context_parallel_size=args.context_parallel_size, enable_expert_parallel=args.enable_expert_parallel,
         enable_eplb=args.enable_eplb, num_redundant_experts=args.num_redundant_experts,
-        eplb_step_interval=args.eplb_step_interval,
+        eplb_step_interval=args.eplb_step_interval, num_continuous_decode_steps=args.num_continuous_decode_steps,
     )
     grammar = None
     if tokenizer is not None:
