@@ -6,6 +6,7 @@ scheduler) can import the package without importing JAX.
 """
 
 from deepinfer.runtime import batch_invariance as _batch_invariance
+from deepinfer.runtime import xla_defaults as _xla_defaults
 
 __all__ = ["generate", "GenerateOutput", "ModelConfig", "LLM", "SamplingParams", "StructuredOutputsParams"]
 
@@ -13,6 +14,8 @@ __all__ = ["generate", "GenerateOutput", "ModelConfig", "LLM", "SamplingParams",
 # runtime/batch_invariance.py); importing deepinfer first is how it gets there in time.
 if _batch_invariance.requested_by_env():
     _batch_invariance.configure_xla()
+# XLA options that make the engine's step faster (runtime/xla_defaults.py); also before JAX starts
+_xla_defaults.add_default_flags()
 
 
 def __getattr__(name):
