@@ -23,7 +23,6 @@ half; steps without constrained rows stay one program.
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 import logging
 import threading
@@ -40,13 +39,12 @@ from deepinfer.grammar.thinking_budget import ThinkingBudgetMatcher
 from deepinfer.kv.paged_state import init_engine_state
 from deepinfer.models.interface import ModelFamily, PagedLayout
 from deepinfer.models.registry import family_for
-from deepinfer.runtime import recovery, warmup
+from deepinfer.runtime import burst_dispatch, recovery, warmup
 from deepinfer.runtime.batch_invariance import check_xla
 from deepinfer.runtime.compile_guard import CompileCounter
 from deepinfer.runtime.engine_stats import EngineStats, engine_stats, kv_usage
 from deepinfer.runtime.mesh_setup import on_mesh
 from deepinfer.runtime.paged_step import (
-    paged_burst_jit,
     paged_forward_jit,
     paged_sample_jit,
     paged_step_jit,
@@ -56,8 +54,7 @@ from deepinfer.runtime.prefix_runtime import PrefixRuntime, cache_settings
 from deepinfer.runtime.request_checks import check_request
 from deepinfer.runtime.step_results import read_step
 from deepinfer.runtime.step_timer import StepTimer
-from deepinfer.scheduler import decode_burst
-from deepinfer.scheduler.buckets import bucket_of, rows_for, step_shape
+from deepinfer.scheduler.buckets import rows_for, step_shape
 from deepinfer.scheduler.plan import PlanShape, pack
 from deepinfer.scheduler.request import Request
 from deepinfer.scheduler.sampling_params import SamplingParams
@@ -132,8 +129,7 @@ class LLMEngine:
         self.num_compiles = 0
         self._seeds: dict[str, int] = {}
         self._ids = itertools.count()
-        self.num_steps = 0  # model steps dispatched (a decode burst counts its steps)
-        self.num_decode_bursts = 0
+        self.num_steps, self.num_decode_bursts = 0, 0  # model steps dispatched (a burst counts its steps)
         self._inflight: tuple | None = None  # (plan, device outputs) of the step not yet read
         self.updated: list[Request] = []  # requests whose outputs the last step() filled in (finished ones too)
         self.last_wait_s = 0.0
@@ -249,7 +245,7 @@ class LLMEngine:
         ints, floats, fwd = pending
         bitmask = self._bitmask(plan, shape)
         if shape.steps > 1:
-            return self._run_burst(shape, ints, floats, bitmask)
+            return burst_dispatch.run(self, shape, ints, floats, bitmask)
         with CompileCounter() as counter:
             if fwd is None:
                 out, self.state = paged_step_jit(self.family, self.cfg, self.layout, shape, self.params, self.state,
@@ -273,33 +269,6 @@ class LLMEngine:
         if self.step_timer is not None:
             self.step_timer.dispatched(out.tokens)
         return out.tokens, out.logits, logprobs, prompt_logprobs, drafts
-
-    def _run_burst(self, shape: PlanShape, ints, floats, bitmask):
-        """Dispatch a decode burst (``_burst``): only its tokens come back, [R, steps]."""
-        with CompileCounter() as counter:
-            tokens, self.state = paged_burst_jit(self.family, self.cfg, self.layout, shape, self.params, self.state,
-                                                 ints, floats, bitmask)
-        self.num_compiles += counter.count
-        self.compiled_shapes.add(shape)
-        tokens.copy_to_host_async()
-        if self.step_timer is not None:
-            self.step_timer.dispatched(tokens, shape.steps)
-        return tokens, None, None, None, None
-
-    def _burst(self, plan: StepPlan, shape: PlanShape) -> PlanShape:
-        """The shape to dispatch the plan as: a decode burst of num_continuous_decode_steps when its
-        rows may run that many steps alone (scheduler/decode_burst.py; committed here), else as it is.
-        Not while speculating (a step's accepted drafts decide the next), keeping logits (a burst
-        returns tokens only) or compiling in the background (its programs come last)."""
-        want = self.config.num_continuous_decode_steps
-        if want <= 1 or self.num_drafts or self.config.keep_logits or self.warming is not None:
-            return shape
-        burst = dataclasses.replace(shape, steps=want)
-        if burst not in self._burst_shapes or decode_burst.burst_length(self.scheduler, plan, want) != want:
-            return shape
-        decode_burst.extend(self.scheduler, plan, want)
-        self.num_decode_bursts += 1
-        return burst
 
     def _bitmask(self, plan: StepPlan, shape: PlanShape) -> jax.Array:
         """The step's grammar bitmask on the device; a cached all-ones one when nothing is constrained."""
@@ -363,7 +332,7 @@ class LLMEngine:
                 shape = self._shape_for(plan)
                 pending = self._run_forward(plan, shape)
             elif plan.scheduled:
-                dispatched = (plan, *self._run(plan, self._burst(plan, self._shape_for(plan))))
+                dispatched = (plan, *self._run(plan, burst_dispatch.shape_for(self, plan, self._shape_for(plan))))
             if plan.scheduled:
                 self.num_steps += plan.burst
             else:
@@ -398,28 +367,16 @@ class LLMEngine:
         return finished
 
     def _recover(self, plans: list[StepPlan], exc: Exception) -> list[Request]:
-        """Fail only the requests that make the step fail (found by probing halves on a rebuilt
-        state, runtime/recovery.py); every other request replays from its tokens."""
+        """Fail only the requests that make the step fail (runtime/recovery.py); the others replay."""
         return recovery.isolate(self, plans, exc)
 
     def bucket_shapes(self) -> list[PlanShape]:
-        """Every step shape the engine can run: each token bucket with its row bucket (buckets.py;
-        with confidence scheduling, each also without speculation: the steps that skip it)."""
+        """Every step shape the engine can run: each token bucket with its row bucket (buckets.py; with
+        confidence scheduling, each also without speculation), then the decode bursts' (if on)."""
         varlen = self.num_drafts > 0 and self.config.mtp_varlen
         kinds = [(self.num_drafts, varlen)] + ([(0, False)] if varlen else [])  # varlen: plain steps too
         return [PlanShape(t, rows_for(t, self.row_buckets), self.max_pages, k, v) for k, v in kinds
-                for t in self.token_buckets] + sorted(self._burst_shapes, key=lambda s: s.num_tokens)
-
-    @property
-    def _burst_shapes(self) -> set[PlanShape]:
-        """The decode bursts' programs: each token bucket a decode step can run in (one token per row,
-        up to max_num_seqs rows), at num_continuous_decode_steps steps; none when bursts are off."""
-        steps = self.config.num_continuous_decode_steps
-        if steps <= 1 or self.num_drafts or self.config.keep_logits:
-            return set()
-        top = bucket_of(self.config.max_num_seqs, self.token_buckets)  # the bucket of a full decode step
-        return {PlanShape(t, rows_for(t, self.row_buckets), self.max_pages, steps=steps)
-                for t in self.token_buckets if t <= top}
+                for t in self.token_buckets] + burst_dispatch.shapes(self)
 
     def warmup(self, progress=None, background: bool = False, begin: bool = True) -> int:
         """Compile every bucket shape's step (``progress(1)`` after each), or with ``background`` one
@@ -428,8 +385,7 @@ class LLMEngine:
         return warmup.warm_up(self, progress, background, begin)
 
     def ready_token_buckets(self) -> tuple[int, ...]:
-        """The token buckets whose programs may be dispatched now (all, unless a background warm-up
-        is still compiling: then those it has finished)."""
+        """Token buckets whose programs may be dispatched now (all, or those a background warm-up finished)."""
         return self.token_buckets if self.warming is None else self.warming.ready_tokens()
 
     def wait_warm(self, timeout: float | None = None) -> bool:
