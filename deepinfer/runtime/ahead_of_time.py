@@ -1,7 +1,7 @@
 """Compiling a program ahead of time, from the shapes of its arguments, on any thread: the
 compiled program lands in JAX's own cache, so the first dispatch with real arrays compiles
 nothing. Used to compile step programs in the background while the engine serves
-(warmup.BackgroundWarmup) and the prefix-cache program beside the first step program."""
+(warmup.BackgroundWarmup) and the prefix-cache programs beside the first step program."""
 
 from __future__ import annotations
 
@@ -22,19 +22,15 @@ def abstract(tree):
 
 
 class CompileAhead:
-    """``jitted.lower(*args).compile()`` on a worker thread; ``join()`` waits for it. A failure is
-    left to the caller's own dispatch, which compiles again and raises it where it is handled.
-    Take ``abstract`` arguments on the caller's thread: live arrays may be donated meanwhile."""
+    """``jitted.lower(*args).compile()`` for each argument list in turn, on one worker thread;
+    ``join()`` waits for them. A failure is left to the caller's own dispatch, which compiles again
+    and raises it where it is handled. Take ``abstract`` arguments on the caller's thread: live
+    arrays may be donated meanwhile."""
 
-    def __init__(self, jitted, *args, _many=None):
-        jobs = _many if _many is not None else [args]
+    def __init__(self, jitted, arg_lists):
+        jobs = [tuple(args) for args in arg_lists]
         self._thread = threading.Thread(target=self._run, args=(jitted, jobs), name="deepinfer-compile", daemon=True)
         self._thread.start()
-
-    @classmethod
-    def each(cls, jitted, arg_lists) -> "CompileAhead":
-        """Compile ``jitted`` for each argument list in turn, on one worker thread."""
-        return cls(jitted, _many=list(arg_lists))
 
     def _run(self, jitted, jobs) -> None:
         for args in jobs:

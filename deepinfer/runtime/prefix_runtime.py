@@ -104,10 +104,13 @@ class PrefixRuntime:
         """Start compiling warmup()'s programs on a worker thread (the engine's thread meanwhile
         compiles its first step program); ``join()`` it before warmup()."""
         e = self.engine
-        jobs = [(shape, jnp.asarray(pack_ops(CacheOps(), shape, e.layout.num_slots, e.layout.num_pages)))
-                for shape in self._shapes()]
-        return CompileAhead.each(cache_ops_jit, [(e.family, e.cfg, e.layout, shape, abstract(e.state),
-                                                  abstract(self.store), abstract(ints)) for shape, ints in jobs])
+        state, store = abstract(e.state), abstract(self.store)
+
+        def empty(shape):  # the packed operations of an empty CacheOps, as an abstract array
+            return abstract(jnp.asarray(pack_ops(CacheOps(), shape, e.layout.num_slots, e.layout.num_pages)))
+
+        return CompileAhead(cache_ops_jit, [(e.family, e.cfg, e.layout, shape, state, store, empty(shape))
+                                            for shape in self._shapes()])
 
     def warmup(self) -> None:
         """Compile the programs (no marks, a chunk of marks) with operations that all fall out of range."""
