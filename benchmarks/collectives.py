@@ -6,8 +6,9 @@ fake CPU devices speed means nothing, but the program XLA builds for the mesh is
 For each layout, on the bundled model: one decode-shaped step (max_num_seqs rows of one token) and
 one prefill-shaped step (the largest token bucket), each collective kind's count and result bytes.
 Then the expert-parallel MoE's exchange on paper for V4-Flash shapes: the all-reduce this engine
-uses (tokens on every expert device) against an all-to-all dispatch + combine (which needs the
-tokens split over devices first: attention data-parallel). Writes benchmarks/results/collectives.json.
+uses without data parallelism (tokens on every expert device) against an all-to-all dispatch +
+combine (tokens split over devices, as attention data-parallel has them; under it this engine
+gathers the ranks' tokens and reduce-scatters the sums instead). Writes benchmarks/results/collectives.json.
 """
 
 from __future__ import annotations
@@ -30,7 +31,11 @@ from sharding.collectives import collectives, summary  # noqa: E402
 
 LAYOUTS = [{"tensor_parallel_size": 2}, {"tensor_parallel_size": 4},
            {"tensor_parallel_size": 2, "enable_expert_parallel": True},
-           {"tensor_parallel_size": 4, "enable_expert_parallel": True}]
+           {"tensor_parallel_size": 4, "enable_expert_parallel": True},
+           # attention data-parallel (max_num_seqs and the token budget are per rank: 16 rows / 256 tokens each)
+           {"data_parallel_size": 2, "tensor_parallel_size": 4, "enable_expert_parallel": True},
+           {"data_parallel_size": 8, "enable_expert_parallel": True},
+           {"data_parallel_size": 4, "tensor_parallel_size": 2}]
 ENGINE = dict(max_num_seqs=16, max_num_batched_tokens=256, max_model_len=1024)
 
 

@@ -5,7 +5,9 @@
 * ``tensor_parallel_size`` (mesh axis "tp"): the wide projections split by heads / vocabulary /
   MLP width (GSPMD inserts the reductions); V4's one KV head is not split, so the engine state is
   replicated over "tp".
-* ``data_parallel_size`` ("dp"): attention data-parallel, each rank its own slots and pages.
+* ``data_parallel_size`` ("dp"): attention data-parallel, each rank its own slots, page pools and
+  requests (scheduler/data_parallel.py); the step runs per rank inside a shard_map over "dp"
+  (runtime/data_parallel.py), and only the MoE layers exchange tokens between ranks.
 * ``context_parallel_size`` ("cp"): a long prompt's chunk split over ranks (balanced order).
 * ``enable_expert_parallel``: routed experts split over every device (vLLM: EP = DP x TP, here
   x CP too), tokens' expert work done where the expert lives (models/deepseek_v4/moe.py);
@@ -40,14 +42,10 @@ class ParallelConfig:
                 raise ValueError(f"{key} must be an integer >= 1, got {v!r}")
         if not isinstance(self.enable_expert_parallel, bool):
             raise ValueError(f"enable_expert_parallel must be true or false, got {self.enable_expert_parallel!r}")
-        # Refused rather than silently run as something else: these need the per-rank scheduler
-        # (attention DP) and the split prefill (CP), which the engine does not have yet.
-        if self.data_parallel_size > 1:
-            raise ValueError(f"data_parallel_size {self.data_parallel_size}: attention data-parallel is not "
-                             "built yet (only tensor_parallel_size and enable_expert_parallel)")
+        # Refused rather than silently run as something else: the split prefill (CP) is not built.
         if self.context_parallel_size > 1:
             raise ValueError(f"context_parallel_size {self.context_parallel_size}: context-parallel prefill is "
-                             "not built yet (only tensor_parallel_size and enable_expert_parallel)")
+                             "not built yet (tensor_parallel_size, data_parallel_size and enable_expert_parallel are)")
 
     @property
     def world_size(self) -> int:
@@ -67,6 +65,8 @@ class ParallelConfig:
                 rules["expert_mlp"] = "tp"
         if self.enable_expert_parallel:
             rules["experts"] = self.expert_axes()
+        if self.data_parallel_size > 1:  # each rank its own slots and pages (state leaves "slot" / "pages:<pool>")
+            rules.update({"slot": "dp", "pages": "dp"})
         return rules
 
     def expert_axes(self) -> tuple[str, ...]:

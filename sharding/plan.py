@@ -32,6 +32,10 @@ class ShardingPlan:
         return self.mesh.devices.size
 
     @property
+    def data_parallel_size(self) -> int:
+        return self.mesh.shape.get("dp", 1)
+
+    @property
     def expert_parallel_size(self) -> int:
         size = 1
         for a in self.expert_axes:
@@ -39,7 +43,12 @@ class ShardingPlan:
         return size
 
     def replicated(self) -> NamedSharding:
-        return NamedSharding(self.mesh, PartitionSpec())
+        return NamedSharding(self.context_mesh(), PartitionSpec())
+
+    def context_mesh(self):
+        """The mesh to name a sharding against here: inside the data-parallel step's shard_map, the
+        traced context's (its "dp" axis manual), else the plan's own."""
+        return jax.sharding.get_abstract_mesh() if self.in_data_parallel_step() else self.mesh
 
     def param_shardings(self, spec_tree: Any) -> Any:
         """A NamedSharding per parameter (an indivisible dimension is an error naming it)."""
@@ -49,10 +58,19 @@ class ShardingPlan:
         """A NamedSharding per state leaf from its logical axes ("slot", "pages:<pool>", ...)."""
         rules = self.rules
 
-        def one(axes):
-            return NamedSharding(self.mesh, logical_to_partition_spec(tuple(axes), rules))
+        def one(axes):  # "pages:<pool>" follows the rule for "pages" (every pool split alike)
+            axes = tuple(a.split(":", 1)[0] if isinstance(a, str) and a.startswith("pages:") else a for a in axes)
+            return NamedSharding(self.mesh, logical_to_partition_spec(axes, rules))
 
         return jax.tree.map(one, axes_tree, is_leaf=lambda x: isinstance(x, tuple))
+
+    def in_data_parallel_step(self) -> bool:
+        """Whether the code being traced runs per data-parallel rank: inside the engine step's
+        shard_map over "dp" (runtime/data_parallel.py), where each rank holds its own tokens."""
+        if self.data_parallel_size == 1:
+            return False
+        context = jax.sharding.get_abstract_mesh()
+        return "dp" in getattr(context, "manual_axes", ())
 
     def describe(self) -> str:
         shape = " x ".join(f"{a}={n}" for a, n in self.mesh.shape.items())

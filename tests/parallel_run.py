@@ -50,8 +50,10 @@ def run(cfg, params, layout: dict) -> dict:
         reqs = [engine.add_request(p, sp, request_id=f"r{i}") for i, (p, sp) in enumerate(zip(prompts, sps))]
         engine.run_until_done()
     engine.check_all_free()
+    followup = data_parallel_followup(engine, prompts, sps, reqs) if engine.ranks > 1 else None
     found = collectives(lower_step(engine, engine.bucket_shapes()[0]).compile().as_text())
     return {
+        "followup": followup,
         "engine": engine,
         "tokens": [list(r.output_token_ids) for r in reqs],
         "logits": [np.stack(r.logits) for r in reqs],
@@ -59,6 +61,17 @@ def run(cfg, params, layout: dict) -> dict:
         "preemptions": engine.scheduler.num_preemptions,
         "collectives": [(c.kind, c.shapes, c.bytes) for c in found],
     }
+
+
+def data_parallel_followup(engine, prompts, sps, reqs) -> dict:
+    """Attention data-parallel: the prefix-sharing prompt again once the workload is done goes to the rank
+    whose cache holds its prefix (requests placed at arrival could not know) and hits there."""
+    hits = engine.stats().prefix_hits
+    req = engine.add_request(prompts[6], sps[6], request_id="again")
+    engine.run_until_done()
+    engine.check_all_free()
+    return {"tokens": list(req.output_token_ids), "rank": req.dp_rank, "hit": engine.stats().prefix_hits - hits,
+            "first_rank": reqs[6].dp_rank, "ranks": [r.dp_rank for r in reqs]}
 
 
 def weight_and_pool_shapes(engine) -> set:
@@ -164,6 +177,7 @@ def main(layouts: list[dict]) -> None:
             "compiles_after_warmup": out["compiles_after_warmup"],
             "preemptions": out["preemptions"],
             "devices": len(out["engine"].params["embed"].sharding.device_set),
+            "followup": out["followup"],
             "collectives": out["collectives"],
             "weight_or_pool_moved": [c for c in out["collectives"]
                                      if any(tuple(s) in moved for _, s in c[1])],

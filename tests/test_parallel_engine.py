@@ -1,7 +1,9 @@
 """The engine on a mesh of 8 fake CPU devices (a subprocess: the device count is fixed when JAX starts)
 equals the one-device engine on a mixed workload (chunked prefill, preemption, greedy and seeded):
 tokens identical, logits within fp32 tolerance, nothing compiled after warm-up, and the step program
-communicates activations only (no weight or KV pool re-sharded inside a step)."""
+communicates activations only (no weight or KV pool re-sharded inside a step). Layouts: tensor
+parallel, expert parallel, attention data-parallel (each rank its own slots, pools and requests)
+with and without them, MTP speculation on a mesh."""
 
 import json
 import os
@@ -18,7 +20,18 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 LAYOUTS = [{"tensor_parallel_size": 2}, {"tensor_parallel_size": 4, "enable_expert_parallel": True},
            # MTP speculation on the mesh (its MoE expert-parallel too): greedy requests compared
            {"tensor_parallel_size": 2, "enable_expert_parallel": True,
+            "speculative_config": {"method": "mtp", "num_speculative_tokens": 2}},
+           # attention data-parallel: DP2 x EP4 (TP4 inside each rank), DP8 + EP8, TP2 x DP4 (experts split by
+           # width, no expert parallelism), and MTP on DP2 + EP2 (the drafter's MoE exchanges tokens too)
+           {"data_parallel_size": 2, "tensor_parallel_size": 4, "enable_expert_parallel": True},
+           {"data_parallel_size": 8, "enable_expert_parallel": True},
+           {"data_parallel_size": 4, "tensor_parallel_size": 2},
+           {"data_parallel_size": 2, "enable_expert_parallel": True,
             "speculative_config": {"method": "mtp", "num_speculative_tokens": 2}}]
+
+
+def ranks(layout: dict) -> int:
+    return layout.get("data_parallel_size", 1)
 
 
 @pytest.fixture(scope="module")
@@ -49,7 +62,7 @@ def test_the_one_device_run_exercises_the_workload(parallel_runs):
 @pytest.mark.parametrize("i", range(1, len(LAYOUTS) + 1), ids=[json.dumps(x) for x in LAYOUTS])
 def test_layout_equals_one_device(parallel_runs, i):
     run, base = parallel_runs[0][i], parallel_runs[0][0]
-    assert run["devices"] == run["layout"]["tensor_parallel_size"]
+    assert run["devices"] == run["layout"].get("tensor_parallel_size", 1) * ranks(run["layout"])
     # speculating, the greedy requests (sampled ones draw other noise than without speculation)
     assert run["same_tokens"], (run["tokens"], base["tokens"])
     if not run["layout"].get("speculative_config"):
@@ -59,22 +72,49 @@ def test_layout_equals_one_device(parallel_runs, i):
     # fp32: the partial sums of split matmuls and experts are added in another order
     assert run["logits_max_abs_diff"] < 1e-4 * base["logits_scale"], run["logits_max_abs_diff"]
     assert run["compiles_after_warmup"] == 0
-    assert run["preemptions"] > 0 and run["prefix_hits"] > 0
+    if ranks(run["layout"]) <= 2:
+        # (4 or 8 ranks: the 7 requests spread to at most 2 a rank, which its pools hold; and the prefix's
+        # owner is still prefilling it when the request sharing it arrives and is placed)
+        assert run["preemptions"] > 0 and run["prefix_hits"] > 0
+
+
+@pytest.mark.parametrize("i", [i for i, x in enumerate(LAYOUTS, 1) if ranks(x) > 1],
+                         ids=[json.dumps(x) for x in LAYOUTS if ranks(x) > 1])
+def test_data_parallel_places_a_request_where_its_prefix_is_cached(parallel_runs, i):
+    """Requests spread over the ranks (least loaded first); once the workload is done, the prompt that
+    shares the longest one's prefix comes again and goes to the rank whose cache holds it (not the
+    first idle rank), hits there and gives the one-device tokens."""
+    run, base = parallel_runs[0][i], parallel_runs[0][0]
+    followup = run["followup"]
+    assert sorted(set(followup["ranks"])) == list(range(min(ranks(run["layout"]), len(followup["ranks"]))))
+    assert followup["rank"] == followup["first_rank"] and followup["hit"] >= 32
+    assert followup["tokens"] == base["tokens"][6]
+    if ranks(run["layout"]) > 2:
+        assert followup["rank"] != 0  # the workload put it elsewhere: a placement by load alone would not
 
 
 @pytest.mark.parametrize("i", range(1, len(LAYOUTS) + 1), ids=[json.dumps(x) for x in LAYOUTS])
 def test_step_moves_activations_only(parallel_runs, i):
     run = parallel_runs[0][i]
     kinds = {c[0] for c in run["collectives"]}
-    assert run["weight_or_pool_moved"] == []
+    # (DP8: the MoE's gather of 8 ranks x 8 tokens x hidden 256 is shaped like the [64, 256] kv projections)
+    tokens_gathered = [["f32", [ranks(run["layout"]) * 8, 256]]]
+    assert [c for c in run["weight_or_pool_moved"] if c[:2] != ["all-gather", tokens_gathered]] == []
     # split projections are summed (all-reduce) and the split vocabulary's logits gathered whole once
     assert "all-reduce" in kinds and "all-gather" in kinds
     # no distributed sort over a split vocabulary, no re-sharding shuffles
     assert "collective-permute" not in kinds and "all-to-all" not in kinds, sorted(kinds)
-    if run["layout"].get("enable_expert_parallel"):
+    if run["layout"].get("enable_expert_parallel") and ranks(run["layout"]) == 1:
         # the experts' partial sums: one all-reduce of the step's [T, D] activations per MoE layer
         moe_sums = [c for c in run["collectives"] if c[0] == "all-reduce" and c[1] == [["f32", [1, 8, 256]]]]
         assert len(moe_sums) >= 4, run["collectives"]
+    elif run["layout"].get("enable_expert_parallel"):
+        # data-parallel ranks: each MoE layer gathers every rank's [T, D] tokens and scatters the sums
+        # back, each rank keeping its own T (one reduce-scatter per MoE layer, 4 in the bundled model)
+        t, d, n = 8, 256, ranks(run["layout"])
+        gathers = [c for c in run["collectives"] if c[0] == "all-gather" and c[1] == [["f32", [n * t, d]]]]
+        scatters = [c for c in run["collectives"] if c[0] == "reduce-scatter" and c[1] == [["f32", [t, d]]]]
+        assert len(gathers) >= 4 and len(scatters) >= 4, run["collectives"]
 
 
 def test_llm_loads_each_weight_straight_onto_the_mesh(parallel_runs):
@@ -92,8 +132,12 @@ def test_layout_settings_are_checked_and_named():
     assert EngineConfig(tensor_parallel_size=2).parallel() == ParallelConfig(tensor_parallel_size=2)
     with pytest.raises(ValueError, match="tensor_parallel_size must be an integer >= 1, got 0"):
         EngineConfig(tensor_parallel_size=0)
-    with pytest.raises(ValueError, match="data_parallel_size 2: attention data-parallel is not built yet"):
-        EngineConfig(data_parallel_size=2)
+    assert EngineConfig(data_parallel_size=2).parallel().world_size == 2
+    with pytest.raises(ValueError, match="context_parallel_size 2: context-parallel prefill is not built yet"):
+        EngineConfig(context_parallel_size=2)
+    with pytest.raises(ValueError, match="num_continuous_decode_steps 2: decode bursts are not built for attention "
+                                         "data-parallel"):
+        EngineConfig(data_parallel_size=2, num_continuous_decode_steps=2)
     with pytest.raises(ValueError, match="the layout needs 4 devices .* 1 are visible"):
         ParallelConfig(tensor_parallel_size=4).plan([object()])
     with pytest.raises(ValueError, match="unknown keys \\['tp'\\]"):
@@ -103,8 +147,10 @@ def test_layout_settings_are_checked_and_named():
 def test_server_refuses_a_layout_it_cannot_run_before_loading(capsys):
     from deepinfer.serve.__main__ import main
 
+    assert main(["--context-parallel-size", "2"]) == 2
+    assert "context_parallel_size 2: context-parallel prefill is not built yet" in capsys.readouterr().err
     assert main(["--data-parallel-size", "2"]) == 2
-    assert "data_parallel_size 2: attention data-parallel is not built yet" in capsys.readouterr().err
+    assert "the layout needs 2 devices" in capsys.readouterr().err
     assert main(["--tensor-parallel-size", "4"]) == 2  # one CPU device in this process
     assert "the layout needs 4 devices" in capsys.readouterr().err
 

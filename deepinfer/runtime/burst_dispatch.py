@@ -7,7 +7,6 @@ from __future__ import annotations
 import dataclasses
 
 from deepinfer.runtime.compile_guard import CompileCounter
-from deepinfer.runtime.paged_step import paged_burst_jit
 from deepinfer.scheduler import decode_burst
 from deepinfer.scheduler.buckets import bucket_of, rows_for
 from deepinfer.scheduler.plan import PlanShape
@@ -46,7 +45,7 @@ def shape_for(engine, plan, shape: PlanShape) -> PlanShape:
 def run(engine, shape: PlanShape, ints, floats, bitmask):
     """Dispatch a burst: only its tokens come back, [R, steps] (the rest of a step's outputs: None)."""
     with CompileCounter() as counter:
-        tokens, engine.state = paged_burst_jit(engine.family, engine.cfg, engine.layout, shape, engine.params,
+        tokens, engine.state = engine.programs.burst(engine.family, engine.cfg, engine.layout, shape, engine.params,
                                                engine.state, ints, floats, bitmask)
     engine.num_compiles += counter.count
     engine.compiled_shapes.add(shape)

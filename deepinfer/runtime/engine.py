@@ -39,23 +39,20 @@ from deepinfer.grammar.thinking_budget import ThinkingBudgetMatcher
 from deepinfer.kv.paged_state import init_engine_state
 from deepinfer.models.interface import ModelFamily, PagedLayout
 from deepinfer.models.registry import family_for
-from deepinfer.runtime import burst_dispatch, recovery, warmup
+from deepinfer.runtime import burst_dispatch, data_parallel, recovery, warmup
 from deepinfer.runtime.batch_invariance import check_xla
 from deepinfer.runtime.compile_guard import CompileCounter
 from deepinfer.runtime.engine_stats import EngineStats, engine_stats, kv_usage
 from deepinfer.runtime.mesh_setup import on_mesh
-from deepinfer.runtime.paged_step import (
-    paged_forward_jit,
-    paged_sample_jit,
-    paged_step_jit,
-)
+from deepinfer.runtime.paged_step import PROGRAMS
 from deepinfer.runtime.platform import platform_in_use, require_feature
 from deepinfer.runtime.prefix_runtime import PrefixRuntime, cache_settings
 from deepinfer.runtime.request_checks import check_request
 from deepinfer.runtime.step_results import read_step
 from deepinfer.runtime.step_timer import StepTimer
 from deepinfer.scheduler.buckets import rows_for, step_shape
-from deepinfer.scheduler.plan import PlanShape, pack
+from deepinfer.scheduler.data_parallel import DataParallelScheduler
+from deepinfer.scheduler.plan import PlanShape
 from deepinfer.scheduler.request import Request
 from deepinfer.scheduler.sampling_params import SamplingParams
 from deepinfer.scheduler.scheduler import Scheduler, SchedulerConfig, StepPlan
@@ -86,6 +83,9 @@ class LLMEngine:
         family = family or family_for(cfg)
         cfg, params, self.expert_placement = on_mesh(family, cfg, params, config)  # one device: as they are
         self.cfg, self.params, self.config, self.family = cfg, params, config, family
+        # attention data-parallel: each rank its own slots, pools and scheduler (runtime/data_parallel.py)
+        self.ranks = data_parallel.num_ranks(cfg)
+        self.programs = PROGRAMS if self.ranks == 1 else data_parallel.programs(params)
         self.num_drafts = config.num_speculative_tokens()
         if self.num_drafts:
             if self.family.draft_forward is None:
@@ -97,12 +97,12 @@ class LLMEngine:
         self.dtype = jnp.dtype(params["embed"].dtype)
         self.capacity = size_pools(self.family, cfg, config, self.dtype)
         self.pools = self.capacity.pools
-        self.layout = PagedLayout(
-            config.max_num_seqs, config.page_size, tuple((p.name, p.num_pages) for p in self.pools), config.max_backtrack,
-            draft=self.num_drafts > 0, expert_load=config.enable_eplb,
+        self.layout = PagedLayout(  # (with data parallelism: every rank's slots and pages)
+            config.max_num_seqs * self.ranks, config.page_size, tuple((p.name, p.num_pages * self.ranks) for p in self.pools),
+            config.max_backtrack, draft=self.num_drafts > 0, expert_load=config.enable_eplb,
         )
         prefix = cache_settings(self.family, cfg, config, self.layout)
-        self.scheduler = Scheduler(
+        self.scheduler = (Scheduler if self.ranks == 1 else lambda c: DataParallelScheduler(c, self.ranks))(
             SchedulerConfig(
                 max_num_seqs=config.max_num_seqs,
                 max_num_batched_tokens=config.max_num_batched_tokens,
@@ -211,7 +211,7 @@ class LLMEngine:
     # -- stepping -----------------------------------------------------------------
 
     def _shape_for(self, plan: StepPlan) -> PlanShape:
-        t, r = step_shape(plan.num_tokens, len(plan.scheduled), self.ready_token_buckets(), self.row_buckets)
+        t, r = step_shape(*data_parallel.counts(plan, self.ranks), self.ready_token_buckets(), self.row_buckets)
         varlen = self.num_drafts > 0 and self.config.mtp_varlen
         if varlen and not plan.drafts and not any(plan.draft_depth.values()):
             # confidence scheduling skipped the drafter and verifies nothing: the plain program does
@@ -225,16 +225,14 @@ class LLMEngine:
 
     def _pack(self, plan: StepPlan, shape: PlanShape) -> tuple[jax.Array, jax.Array]:
         self._apply_cache_ops(plan)
-        ints, floats = pack(plan, self.pools, shape, self.layout.num_slots, self._seeds,
-                            self.cfg.vocab_size, self.cfg.eos_token_ids)
-        return jnp.asarray(ints), jnp.asarray(floats)
+        return jax.tree.map(jnp.asarray, data_parallel.packed_inputs(self, plan, shape, self._seeds))
 
     def _run_forward(self, plan: StepPlan, shape: PlanShape):
         """Dispatch the model half of a step (structured outputs with overlap: the grammar masks
         are filled while it runs). Returns what ``_run_sample`` needs."""
         ints, floats = self._pack(plan, shape)
         with CompileCounter() as counter:
-            fwd, self.state = paged_forward_jit(self.family, self.cfg, self.layout, shape, self.params, self.state,
+            fwd, self.state = self.programs.forward(self.family, self.cfg, self.layout, shape, self.params, self.state,
                                                 ints, floats)
         self.num_compiles += counter.count
         return ints, floats, fwd
@@ -248,10 +246,10 @@ class LLMEngine:
             return burst_dispatch.run(self, shape, ints, floats, bitmask)
         with CompileCounter() as counter:
             if fwd is None:
-                out, self.state = paged_step_jit(self.family, self.cfg, self.layout, shape, self.params, self.state,
+                out, self.state = self.programs.step(self.family, self.cfg, self.layout, shape, self.params, self.state,
                                                  ints, floats, bitmask)
             else:
-                out, self.state = paged_sample_jit(self.family, self.cfg, self.layout, shape, self.params, self.state,
+                out, self.state = self.programs.sample(self.family, self.cfg, self.layout, shape, self.params, self.state,
                                                    fwd, ints, floats, bitmask)
         self.num_compiles += counter.count
         self.compiled_shapes.add(shape)
@@ -273,14 +271,16 @@ class LLMEngine:
     def _bitmask(self, plan: StepPlan, shape: PlanShape) -> jax.Array:
         """The step's grammar bitmask on the device; a cached all-ones one when nothing is constrained."""
         t0 = time.perf_counter()
-        mask = fill_step_bitmask(plan, shape.num_rows, shape.num_drafts + 1, self.bitmask_words)
+        rows = shape.num_rows * self.ranks  # (data parallelism: every rank's rows, filled in the plan's order)
+        mask = fill_step_bitmask(plan, rows, shape.num_drafts + 1, self.bitmask_words)
         self.last_mask_fill_s = time.perf_counter() - t0 if mask is not None else 0.0
         self.mask_fill_s += self.last_mask_fill_s
         if mask is not None:
-            return jnp.asarray(mask)
-        key = (shape.num_rows, shape.num_drafts)  # (confidence scheduling runs plain steps too)
+            return jnp.asarray(mask if self.ranks == 1 else data_parallel.bitmask_in_rank_order(mask, plan, self.ranks,
+                                                                                                 shape.num_rows))
+        key = (rows, shape.num_drafts)  # (confidence scheduling runs plain steps too)
         if key not in self._unconstrained:
-            self._unconstrained[key] = jnp.full((shape.num_rows, shape.num_drafts + 1, self.bitmask_words), -1, jnp.int32)
+            self._unconstrained[key] = jnp.full((rows, shape.num_drafts + 1, self.bitmask_words), -1, jnp.int32)
         return self._unconstrained[key]
 
     def _apply_cache_ops(self, plan: StepPlan) -> None:

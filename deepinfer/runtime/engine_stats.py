@@ -48,37 +48,58 @@ def pages_cached(sched) -> dict[str, int]:
     return out
 
 
+def _ranks(sched) -> list:
+    """The schedulers that hold pages: one, or each attention data-parallel rank's."""
+    return getattr(sched, "ranks", [sched])
+
+
+def _per_pool(sched) -> dict[str, dict[str, int]]:
+    """Per pool, summed over ranks: pages, free pages, pages only the prefix cache holds."""
+    out: dict[str, dict[str, int]] = {}
+    for rank in _ranks(sched):
+        cached = pages_cached(rank)
+        for name, pool in rank.pools.items():
+            figures = out.setdefault(name, {"pages": 0, "free": 0, "cached": 0})
+            figures["pages"] += pool.num_pages
+            figures["free"] += pool.num_free
+            figures["cached"] += cached[name]
+    return out
+
+
+def _cache_total(sched, attr: str) -> int:
+    return sum(getattr(r.cache, attr) for r in _ranks(sched) if r.cache is not None)
+
+
 def kv_usage(sched) -> float:
     """Fraction of the KV pages (all pools together) held by requests, in [0, 1]; pages only the
     prefix cache holds count as free, as in vLLM."""
-    pools = sched.pools.values()
-    total = sum(p.num_pages for p in pools)
-    cached = sum(pages_cached(sched).values())
-    return (sum(p.num_pages - p.num_free for p in pools) - cached) / total if total else 0.0
+    pools = _per_pool(sched).values()
+    total = sum(p["pages"] for p in pools)
+    return sum(p["pages"] - p["free"] - p["cached"] for p in pools) / total if total else 0.0
 
 
 def engine_stats(engine) -> EngineStats:
     sched = engine.scheduler
-    cache, cached = sched.cache, pages_cached(sched)
+    pools = _per_pool(sched)
     spec = sched.spec_stats
     return EngineStats(
         running=len(sched.running),
         waiting=len(sched.waiting),
         kv_usage=kv_usage(sched),
-        pages_used={name: p.num_pages - p.num_free - cached[name] for name, p in sched.pools.items()},
+        pages_used={name: p["pages"] - p["free"] - p["cached"] for name, p in pools.items()},
         slots_used=sched.slots.num_slots - sched.slots.num_free,
         num_preemptions=sched.num_preemptions,
         num_drafts=spec.num_drafts,
         num_draft_tokens=spec.num_draft_tokens,
         num_accepted_tokens=spec.num_accepted_tokens,
         accepted_per_position=tuple(spec.accepted_per_position[: engine.num_drafts]),
-        prefix_queries=cache.queries if cache else 0,
-        prefix_hits=cache.hits if cache else 0,
-        prefix_replayed=cache.replayed if cache else 0,
-        pages_cached=cached,
-        pages_free={name: p.num_free for name, p in sched.pools.items()},
-        cached_blocks=cache.num_blocks if cache else 0,
-        snapshots=cache.num_snapshots_held if cache else 0,
+        prefix_queries=_cache_total(sched, "queries"),
+        prefix_hits=_cache_total(sched, "hits"),
+        prefix_replayed=_cache_total(sched, "replayed"),
+        pages_cached={name: p["cached"] for name, p in pools.items()},
+        pages_free={name: p["free"] for name, p in pools.items()},
+        cached_blocks=_cache_total(sched, "num_blocks"),
+        snapshots=_cache_total(sched, "num_snapshots_held"),
         num_steps=engine.num_steps,
         num_decode_bursts=engine.num_decode_bursts,
         programs_ready=engine.ready_token_buckets(),

@@ -331,6 +331,19 @@ paged_sample_jit = jax.jit(paged_sample_step, static_argnums=(0, 1, 2, 3), donat
 paged_burst_jit = jax.jit(paged_burst, static_argnums=(0, 1, 2, 3), donate_argnums=(5,))
 
 
+class StepPrograms(NamedTuple):
+    """The programs an engine dispatches, all called as ``f(family, cfg, layout, shape, params, state,
+    ...)``: these on one device or a mesh without data parallelism, runtime/data_parallel.py's with it."""
+
+    step: object
+    forward: object
+    sample: object
+    burst: object  # None: decode bursts not available
+
+
+PROGRAMS = StepPrograms(paged_step_jit, paged_forward_jit, paged_sample_jit, paged_burst_jit)
+
+
 def step_program(shape: PlanShape):
     """The jitted program that runs a plan of ``shape`` (a burst's, or the one-step program)."""
     return paged_burst_jit if shape.steps > 1 else paged_step_jit

@@ -69,6 +69,9 @@ def _arrays(engine) -> tuple[list[jax.Array], list[jax.Array]]:
 def _require(engine) -> None:
     if engine.prefix is None:
         raise ValueError("prefix caching is off in this engine")
+    if engine.ranks > 1:
+        raise ValueError(f"saving or loading the prefix cache is not built for attention data-parallel "
+                         f"({engine.ranks} ranks)")
     if engine.has_unfinished:
         raise RuntimeError("the prefix cache can only be saved or loaded while the engine is idle")
 

@@ -56,7 +56,8 @@ class PrefixRuntime:
     def __init__(self, engine, settings: CacheSettings):
         self.engine = engine
         self.settings = settings
-        self.num_snapshots = max(settings.num_snapshots, 1)  # one unused entry keeps the shapes simple
+        # one unused entry keeps the shapes simple; data parallelism: every rank's entries (rank r's from r * E)
+        self.num_snapshots = max(settings.num_snapshots, 1) * engine.ranks
         self.store = init_store(engine.family, engine.cfg, engine.layout, engine.dtype, self.num_snapshots)
         self.bytes_per_snapshot = snapshot_bytes(engine.family, engine.cfg, engine.layout, engine.dtype)
         self.num_ops = 2 * engine.config.max_num_seqs

@@ -70,7 +70,7 @@ def probe(engine, group: list[Request]) -> Exception | None:
                 break
     finally:
         reset(engine)  # the group's state goes too: its requests recompute with the rest
-        sched.waiting.extend(others)
+        sched.waiting = collections.deque(list(sched.waiting) + others)  # (assigned: a data-parallel scheduler's is a view)
     return error
 
 

@@ -21,6 +21,8 @@ def read_step(engine, plan: StepPlan, tokens: jax.Array, logits: jax.Array, logp
     tokens = np.asarray(tokens)
     engine.last_wait_s = time.perf_counter() - t0
     kept = np.asarray(logits) if engine.config.keep_logits else None
+    if kept is not None and plan.output_rows is not None:  # data parallelism: logits in rank order
+        kept = kept[plan.output_rows]
     lp = tuple(np.asarray(a) for a in logprobs) if logprobs is not None else None
     emitted, new_drafts, confidence = (np.asarray(a) for a in drafts) if drafts is not None else (None,) * 3
     engine.scheduler.locate_outputs(plan)  # an earlier step's rejected drafts moved them

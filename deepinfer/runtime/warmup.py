@@ -13,9 +13,9 @@ import jax
 import jax.numpy as jnp
 
 from deepinfer.runtime.ahead_of_time import abstract
-from deepinfer.runtime.paged_step import paged_forward_jit, paged_sample_jit, paged_step_jit, step_program
+from deepinfer.runtime.data_parallel import packed_inputs
 from deepinfer.runtime.step_program import abstract_inputs
-from deepinfer.scheduler.plan import PlanShape, pack, row_field_at
+from deepinfer.scheduler.plan import PlanShape, row_field_at
 from deepinfer.scheduler.step_cost import StepCostModel
 from deepinfer.scheduler.step_plan import StepPlan
 
@@ -116,15 +116,16 @@ def time_step(engine, shape: PlanShape, depth: int, width: int = 1, repeats: int
     width's (its slot is out of range: every write is dropped). The steps are dispatched back to
     back and waited for once, as the overlapped loop runs them: a step timed alone would also
     count the wait for its result, which the loop hides, and so price every step too high."""
-    ints, floats = pack(StepPlan(), engine.pools, shape, engine.layout.num_slots, {}, engine.cfg.vocab_size)
-    ints[row_field_at(shape, "sample")] = 1
-    ints[row_field_at(shape, "draft_depth")] = depth
-    ints[row_field_at(shape, "num_draft")] = width - 1
-    ints, floats = jnp.asarray(ints), jnp.asarray(floats)
+    ints, floats = packed_inputs(engine, StepPlan(), shape, {})
+    per_rank = getattr(ints, "ints", ints)  # (data parallelism: every rank's first padding row)
+    per_rank[..., row_field_at(shape, "sample")] = 1
+    per_rank[..., row_field_at(shape, "draft_depth")] = depth
+    per_rank[..., row_field_at(shape, "num_draft")] = width - 1
+    ints, floats = jax.tree.map(jnp.asarray, (ints, floats))
     bitmask = engine._bitmask(StepPlan(), shape)
 
     def run():
-        out, engine.state = paged_step_jit(engine.family, engine.cfg, engine.layout, shape, engine.params,
+        out, engine.state = engine.programs.step(engine.family, engine.cfg, engine.layout, shape, engine.params,
                                            engine.state, ints, floats, bitmask)
         return out
 
@@ -173,6 +174,7 @@ class BackgroundWarmup:
         # abstract arguments taken now, on the engine's thread (the worker never reads live arrays,
         # which the engine donates step after step)
         args = (engine.family, engine.cfg, engine.layout)
+        self._programs = engine.programs
         params, state = abstract(engine.params), abstract(engine.state)
         jobs = []
         for shape in rest:
@@ -196,7 +198,7 @@ class BackgroundWarmup:
                 self._idle.wait(self.PATIENCE_S)
                 if self._stop.is_set():
                     return
-                step_program(shape).lower(*args, shape, params, state, ints, floats, bitmask).compile()
+                (self._programs.burst if shape.steps > 1 else self._programs.step).lower(*args, shape, params, state, ints, floats, bitmask).compile()
                 if shape.steps == 1:  # a token bucket the engine may dispatch now (bursts wait for all)
                     self._ready.append(shape.num_tokens)
                 self.pending.remove(shape.num_tokens)
@@ -208,9 +210,9 @@ class BackgroundWarmup:
                 self._idle.wait(self.PATIENCE_S)
                 if self._stop.is_set():
                     return
-                fwd = paged_forward_jit.lower(*args, shape, params, state, ints, floats)
+                fwd = self._programs.forward.lower(*args, shape, params, state, ints, floats)
                 fwd.compile()
-                paged_sample_jit.lower(*args, shape, params, state, fwd.out_info[0], ints, floats, bitmask).compile()
+                self._programs.sample.lower(*args, shape, params, state, fwd.out_info[0], ints, floats, bitmask).compile()
         except BaseException as e:  # the shapes not compiled stay unused; the engine serves with the rest
             self.error = e
             log.error("warm-up: compiling in the background failed (%s: %s); serving with token buckets %s",

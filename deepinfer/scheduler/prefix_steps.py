@@ -50,6 +50,13 @@ def lookup(cache: PrefixCache | None, req: Request) -> Hit | None:
     return cache.lookup(req.all_token_ids[:known], req.cache_salt, known - 1)
 
 
+def peek(cache: PrefixCache, req: Request) -> int:
+    """Tokens a waiting request's hit would skip here (0: none); attention data-parallel places a
+    request on the rank where this is largest. (The lookup marks the blocks it walks as used.)"""
+    hit = lookup(cache, req)
+    return hit.restore_len if hit is not None else 0
+
+
 def account(cache: PrefixCache | None, req: Request, hit: Hit | None) -> None:
     """An admitted request's lookup, for the hit-rate metrics (tokens queried, tokens hit)."""
     if cache is not None and req.sampling_params.prompt_logprobs is None:

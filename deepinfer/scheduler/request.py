@@ -58,6 +58,10 @@ class Request:
     num_cached_tokens: int = 0  # prompt tokens the last admission skipped (vLLM's num_cached_tokens)
     shared_until: int = 0  # positions below write no pool rows: their rows are the cache's pages
     history_start: int = 0  # a replay from an empty slot state starts here (checkpoint-free mode)
+    # attention data-parallel (scheduler/data_parallel.py): the rank that holds it (its slot and pages
+    # are that rank's), and its place in the order requests arrived over all ranks
+    dp_rank: int = 0
+    dp_order: int = 0
     cache_nodes: list = field(default_factory=list)  # the cache blocks this request holds (hit or written)
 
     @property

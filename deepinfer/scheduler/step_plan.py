@@ -36,6 +36,9 @@ class StepPlan:
     # steps the plan's rows run in one dispatch (a decode burst: each row samples this many tokens,
     # scheduler/decode_burst.py); 1: an ordinary step
     burst: int = 1
+    # attention data-parallel: the ranks' own plans this one combines (scheduler/data_parallel.py)
+    parts: list | None = None
+    output_rows: object = None  # and where its rows are in the step's logits, rank by rank (numpy [dp * R])
 
     @property
     def num_tokens(self) -> int:

@@ -72,7 +72,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     par.add_argument("--tensor-parallel-size", "-tp", type=int, default=1,
                      help="split heads, vocabulary and MLP widths over this many devices")
     par.add_argument("--data-parallel-size", "-dp", type=int, default=1,
-                     help="attention data-parallel ranks (not built yet: refused above 1)")
+                     help="attention data-parallel ranks: each its own slots, KV pools and requests; MoE over all")
     par.add_argument("--context-parallel-size", type=int, default=1,
                      help="context-parallel prefill ranks (not built yet: refused above 1)")
     par.add_argument("--enable-expert-parallel", action="store_true",

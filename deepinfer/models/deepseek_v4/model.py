@@ -36,7 +36,7 @@ def lm_head(cfg: ModelConfig, params: dict, head_params: dict, norm_w: jax.Array
         # collective-permutes in a decode step); asked whole at once, XLA gathered the head weight instead
         plan = cfg.sharding
         split = jax.sharding.PartitionSpec(*(None,) * (logits.ndim - 1), plan.rules.get("vocab"))
-        logits = jax.lax.with_sharding_constraint(logits, jax.sharding.NamedSharding(plan.mesh, split))
+        logits = jax.lax.with_sharding_constraint(logits, jax.sharding.NamedSharding(plan.context_mesh(), split))
         logits = jax.lax.with_sharding_constraint(logits, plan.replicated())
     return logits
 

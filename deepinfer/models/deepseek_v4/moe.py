@@ -75,6 +75,8 @@ def _expert_parallel(cfg: ModelConfig, p: dict, x: jax.Array, weights: jax.Array
     receive ~2 N k D / ep, fewer once ep > k, but needs the tokens split over devices first (attention
     data-parallel), which this layout does not have yet (BENCHMARKS.md, the parallel layout)."""
     plan = cfg.sharding
+    if plan.in_data_parallel_step():
+        return _expert_parallel_over_ranks(cfg, p, x, weights, experts)
     axes = plan.expert_axes
     per_device = p["w1"].shape[0] // plan.expert_parallel_size  # expert slots per device (EPLB: physical)
     spec = jax.sharding.PartitionSpec(axes)
@@ -89,6 +91,37 @@ def _expert_parallel(cfg: ModelConfig, p: dict, x: jax.Array, weights: jax.Array
 
     return jax.shard_map(local, mesh=plan.mesh, in_specs=(spec, rep, rep, rep), out_specs=rep,
                          check_vma=False)(p, x, weights, experts)
+
+
+def _expert_parallel_over_ranks(cfg: ModelConfig, p: dict, x: jax.Array, weights: jax.Array,
+                                experts: jax.Array) -> jax.Array:
+    """Expert parallelism under attention data-parallel (traced per "dp" rank, each with its own
+    tokens; ``p`` holds this rank's E / dp expert slots, split further over the rank's other mesh
+    axes): every rank's tokens are gathered (all-gather over "dp"), each device runs its own experts
+    on the tokens routed to them, the partial sums are added within the rank (all-reduce over its
+    other axes) and across ranks with each rank keeping only its own tokens' sums (reduce-scatter
+    over "dp"). DeepSeek / SGLang's DP-attention + EP-MoE, with the gather / scatter scheme in place
+    of the all-to-all (BENCHMARKS.md, the parallel layout, compares the bytes)."""
+    plan = cfg.sharding
+    inner = tuple(a for a in plan.expert_axes if a != "dp" and plan.mesh.shape[a] > 1)
+    inner_size = plan.expert_parallel_size // plan.data_parallel_size
+    per_device = p["w1"].shape[0] // inner_size  # (p: this rank's slots)
+    everyone = [jax.lax.all_gather(a, "dp", tiled=True) for a in (x, weights, experts)]
+
+    def local(p_local, x, weights, experts):
+        rank = jax.lax.axis_index("dp") * inner_size + (jax.lax.axis_index(inner) if inner else 0)
+        ids = experts - rank * per_device
+        mine = (ids >= 0) & (ids < per_device)
+        out = _local_experts(cfg, p_local, x, jnp.where(mine, weights, 0.0), jnp.where(mine, ids, 0))
+        return jax.lax.psum(out, inner) if inner else out
+
+    if inner:
+        spec, rep = jax.sharding.PartitionSpec(inner), jax.sharding.PartitionSpec()
+        out = jax.shard_map(local, mesh=jax.sharding.get_abstract_mesh(), in_specs=(spec, rep, rep, rep),
+                            out_specs=rep, axis_names=frozenset(inner), check_vma=False)(p, *everyone)
+    else:
+        out = local(p, *everyone)
+    return jax.lax.psum_scatter(out, "dp", tiled=True)
 
 
 def _gathered_experts(cfg: ModelConfig, p: dict, x: jax.Array, weights: jax.Array, experts: jax.Array) -> jax.Array:

@@ -33,7 +33,11 @@ def paged_forward(
         routed = jnp.stack([aux["moe.experts"][0] for aux in layers_aux])  # [L, T, k]
         counted = jnp.where(fb.valid[None, :, None], routed, cfg.n_routed_experts)  # padding: out of range
         layer = jnp.arange(routed.shape[0])[:, None, None]
-        new_state["expert_load"] = state["expert_load"].at[layer, counted].add(1, mode="drop")
+        added = jnp.zeros_like(state["expert_load"]).at[layer, counted].add(1, mode="drop")
+        plan = cfg.sharding
+        if plan is not None and plan.in_data_parallel_step():  # each rank counted its own tokens
+            added = jax.lax.psum(added, "dp")
+        new_state["expert_load"] = state["expert_load"] + added
     return streams[0], new_state
 
 

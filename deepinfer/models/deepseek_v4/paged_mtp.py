@@ -85,8 +85,18 @@ def draft_forward(cfg: ModelConfig, params: dict, state: dict, hidden: jax.Array
         return _feed_and_draft(cfg, params, drafter, hidden, next_tokens, fb, page_size, draft_from, draft_valid,
                                num_drafts, jnp.clip(depth, 1, num_drafts))
 
-    drafts, confs, drafter = jax.lax.cond(jnp.all(depth <= 0), skip, run, None)
+    drafts, confs, drafter = jax.lax.cond(_over_ranks(cfg, jnp.all(depth <= 0), jax.lax.pmin), skip, run, None)
     return drafts, confs, {**state, **drafter}
+
+
+def _over_ranks(cfg: ModelConfig, value: jax.Array, combine) -> jax.Array:
+    """A branch or loop bound that must agree across attention data-parallel ranks: the drafter's MoE
+    exchanges tokens between them (a rank that skipped, or stopped looping, would leave the others
+    waiting in that collective). ``combine``: lax.pmin / pmax over "dp". Elsewhere: ``value``."""
+    plan = cfg.sharding
+    if plan is None or not plan.in_data_parallel_step():
+        return value
+    return combine(value.astype(jnp.int32), "dp").astype(value.dtype)
 
 
 def _fed_history(fed_state: dict, fb: FlatBatch, n_rows: int) -> tuple[jax.Array, dict]:
@@ -139,6 +149,6 @@ def _feed_and_draft(cfg, params, drafter, hidden, next_tokens, fb, page_size, dr
         confs = jax.lax.dynamic_update_slice(confs, jnp.where(valid, conf, 0.0)[:, None], (0, i))
         return drafts, confs, streams, token, st
 
-    steps = jnp.max(jnp.where(draft_valid, depth, 1))
+    steps = _over_ranks(cfg, jnp.max(jnp.where(draft_valid, depth, 1)), jax.lax.pmax)
     drafts, confs, _, _, st = jax.lax.fori_loop(1, steps, one_more, (drafts, confs, out[idx], token, st))
     return drafts, confs, {"mtp": [st], "mtp_fed": fed_state}
