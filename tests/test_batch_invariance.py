@@ -69,16 +69,18 @@ def test_needle_with_the_kernels_is_bitwise_identical():
     check_needle(result, trials=1)
 
 
-def test_needle_on_a_tensor_and_expert_parallel_mesh_is_bitwise_identical():
-    """The mode on a TP2 + EP2 mesh (2 fake CPU devices): the needle alone and inside random batches,
-    bitwise. The mesh's collectives add each element's per-device parts in an order fixed by the mesh,
-    not by the batch, so the invariance holds per layout; against one device it does not (a split
-    contraction or the experts' partial sums add in another order; tests/test_parallel_engine.py
-    compares layouts within the fp32 tolerance instead). With the mode off the same run on the mesh
-    differed in 2 of 2 trials (measured; the companion above runs on one device)."""
+def test_needle_on_a_data_tensor_and_expert_parallel_mesh_is_bitwise_identical():
+    """The mode on a DP2 x TP2 mesh with EP4 (4 fake CPU devices: attention data-parallel over 2 ranks
+    of 2 tensor-parallel devices, the experts over all 4): the needle alone and inside random batches,
+    on whichever rank it lands, bitwise. The mesh's collectives add each element's per-device parts in
+    an order fixed by the mesh, not by the batch, and a rank's tokens pass the MoE exchange unchanged,
+    so the invariance holds per layout; against one device it does not (a split contraction or the
+    experts' partial sums add in another order; tests/test_parallel_engine.py compares layouts within
+    the fp32 tolerance instead). With the mode off the same run differed in 2 of 2 trials (measured
+    2026-12-05; TP2 + EP2 alone: 2 of 2 on 2026-12-04)."""
+    layout = {"data_parallel_size": 2, "tensor_parallel_size": 2, "enable_expert_parallel": True}
     result = run_needle("--models", "bundled", "--budgets", "32", "--trials", "2", "--modes", "on",
-                        "--layout", json.dumps({"tensor_parallel_size": 2, "enable_expert_parallel": True}),
-                        XLA_FLAGS="--xla_force_host_platform_device_count=2")
+                        "--layout", json.dumps(layout), XLA_FLAGS="--xla_force_host_platform_device_count=4")
     check_needle(result, trials=2)
 
 

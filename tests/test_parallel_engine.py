@@ -18,15 +18,14 @@ from sharding.parallel import ParallelConfig
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 LAYOUTS = [{"tensor_parallel_size": 2}, {"tensor_parallel_size": 4, "enable_expert_parallel": True},
-           # MTP speculation on the mesh (its MoE expert-parallel too): greedy requests compared
-           {"tensor_parallel_size": 2, "enable_expert_parallel": True,
-            "speculative_config": {"method": "mtp", "num_speculative_tokens": 2}},
            # attention data-parallel: DP2 x EP4 (TP4 inside each rank), DP8 + EP8, TP2 x DP4 (experts split by
-           # width, no expert parallelism), and MTP on DP2 + EP2 (the drafter's MoE exchanges tokens too)
+           # width, no expert parallelism)
            {"data_parallel_size": 2, "tensor_parallel_size": 4, "enable_expert_parallel": True},
            {"data_parallel_size": 8, "enable_expert_parallel": True},
            {"data_parallel_size": 4, "tensor_parallel_size": 2},
-           {"data_parallel_size": 2, "enable_expert_parallel": True,
+           # MTP speculation on a DP2 x TP2 mesh, experts over all 4 (the drafter's MoE exchanges tokens
+           # between ranks too): greedy requests compared
+           {"data_parallel_size": 2, "tensor_parallel_size": 2, "enable_expert_parallel": True,
             "speculative_config": {"method": "mtp", "num_speculative_tokens": 2}}]
 
 
