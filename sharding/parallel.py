@@ -42,10 +42,6 @@ class ParallelConfig:
                 raise ValueError(f"{key} must be an integer >= 1, got {v!r}")
         if not isinstance(self.enable_expert_parallel, bool):
             raise ValueError(f"enable_expert_parallel must be true or false, got {self.enable_expert_parallel!r}")
-        # Refused rather than silently run as something else: the split prefill (CP) is not built.
-        if self.context_parallel_size > 1:
-            raise ValueError(f"context_parallel_size {self.context_parallel_size}: context-parallel prefill is "
-                             "not built yet (tensor_parallel_size, data_parallel_size and enable_expert_parallel are)")
 
     @property
     def world_size(self) -> int:

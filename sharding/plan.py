@@ -64,6 +64,19 @@ class ShardingPlan:
 
         return jax.tree.map(one, axes_tree, is_leaf=lambda x: isinstance(x, tuple))
 
+    @property
+    def context_parallel_size(self) -> int:
+        return self.mesh.shape.get("cp", 1)
+
+    def split_tokens(self, x: jax.Array, axis: int) -> jax.Array:
+        """Context parallelism: ``x``'s token axis split over "cp" (each device computes its share of a
+        step's tokens; what needs the others', attention's in-step keys and the state's writes, is
+        gathered by the partitioner). Without "cp": ``x``."""
+        if self.context_parallel_size == 1 or x.shape[axis] % self.context_parallel_size:
+            return x  # (a step of fewer tokens than ranks, e.g. a small decode bucket: not split)
+        spec = PartitionSpec(*(None,) * axis, "cp")
+        return jax.lax.with_sharding_constraint(x, NamedSharding(self.context_mesh(), spec))
+
     def in_data_parallel_step(self) -> bool:
         """Whether the code being traced runs per data-parallel rank: inside the engine step's
         shard_map over "dp" (runtime/data_parallel.py), where each rank holds its own tokens."""

@@ -23,6 +23,9 @@ LAYOUTS = [{"tensor_parallel_size": 2}, {"tensor_parallel_size": 4, "enable_expe
            {"data_parallel_size": 2, "tensor_parallel_size": 4, "enable_expert_parallel": True},
            {"data_parallel_size": 8, "enable_expert_parallel": True},
            {"data_parallel_size": 4, "tensor_parallel_size": 2},
+           # context parallel: each step's tokens split over 4 devices (prefill chunks, and decode steps of
+           # at least 4 tokens), the experts over the same 4
+           {"context_parallel_size": 4, "enable_expert_parallel": True},
            # MTP speculation on a DP2 x TP2 mesh, experts over all 4 (the drafter's MoE exchanges tokens
            # between ranks too): greedy requests compared
            {"data_parallel_size": 2, "tensor_parallel_size": 2, "enable_expert_parallel": True,
@@ -61,7 +64,8 @@ def test_the_one_device_run_exercises_the_workload(parallel_runs):
 @pytest.mark.parametrize("i", range(1, len(LAYOUTS) + 1), ids=[json.dumps(x) for x in LAYOUTS])
 def test_layout_equals_one_device(parallel_runs, i):
     run, base = parallel_runs[0][i], parallel_runs[0][0]
-    assert run["devices"] == run["layout"].get("tensor_parallel_size", 1) * ranks(run["layout"])
+    assert run["devices"] == (run["layout"].get("tensor_parallel_size", 1) * ranks(run["layout"])
+                              * run["layout"].get("context_parallel_size", 1))
     # speculating, the greedy requests (sampled ones draw other noise than without speculation)
     assert run["same_tokens"], (run["tokens"], base["tokens"])
     if not run["layout"].get("speculative_config"):
@@ -105,7 +109,9 @@ def test_step_moves_activations_only(parallel_runs, i):
     assert "collective-permute" not in kinds and "all-to-all" not in kinds, sorted(kinds)
     if run["layout"].get("enable_expert_parallel") and ranks(run["layout"]) == 1:
         # the experts' partial sums: one all-reduce of the step's [T, D] activations per MoE layer
-        moe_sums = [c for c in run["collectives"] if c[0] == "all-reduce" and c[1] == [["f32", [1, 8, 256]]]]
+        # (context parallel: of [T, D], the tokens gathered from the context-parallel devices first)
+        moe_sums = [c for c in run["collectives"] if c[0] == "all-reduce" and c[1] in ([["f32", [1, 8, 256]]],
+                                                                                       [["f32", [8, 256]]])]
         assert len(moe_sums) >= 4, run["collectives"]
     elif run["layout"].get("enable_expert_parallel"):
         # data-parallel ranks: each MoE layer gathers every rank's [T, D] tokens and scatters the sums
@@ -131,9 +137,7 @@ def test_layout_settings_are_checked_and_named():
     assert EngineConfig(tensor_parallel_size=2).parallel() == ParallelConfig(tensor_parallel_size=2)
     with pytest.raises(ValueError, match="tensor_parallel_size must be an integer >= 1, got 0"):
         EngineConfig(tensor_parallel_size=0)
-    assert EngineConfig(data_parallel_size=2).parallel().world_size == 2
-    with pytest.raises(ValueError, match="context_parallel_size 2: context-parallel prefill is not built yet"):
-        EngineConfig(context_parallel_size=2)
+    assert EngineConfig(data_parallel_size=2, context_parallel_size=2).parallel().world_size == 4
     with pytest.raises(ValueError, match="num_continuous_decode_steps 2: decode bursts are not built for attention "
                                          "data-parallel"):
         EngineConfig(data_parallel_size=2, num_continuous_decode_steps=2)
@@ -146,10 +150,8 @@ def test_layout_settings_are_checked_and_named():
 def test_server_refuses_a_layout_it_cannot_run_before_loading(capsys):
     from deepinfer.serve.__main__ import main
 
-    assert main(["--context-parallel-size", "2"]) == 2
-    assert "context_parallel_size 2: context-parallel prefill is not built yet" in capsys.readouterr().err
-    assert main(["--data-parallel-size", "2"]) == 2
-    assert "the layout needs 2 devices" in capsys.readouterr().err
+    assert main(["--data-parallel-size", "2", "--context-parallel-size", "2"]) == 2
+    assert "the layout needs 4 devices (data 2 x context 2 x tensor 1); 1 are visible" in capsys.readouterr().err
     assert main(["--tensor-parallel-size", "4"]) == 2  # one CPU device in this process
     assert "the layout needs 4 devices" in capsys.readouterr().err
 

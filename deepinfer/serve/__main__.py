@@ -74,7 +74,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     par.add_argument("--data-parallel-size", "-dp", type=int, default=1,
                      help="attention data-parallel ranks: each its own slots, KV pools and requests; MoE over all")
     par.add_argument("--context-parallel-size", type=int, default=1,
-                     help="context-parallel prefill ranks (not built yet: refused above 1)")
+                     help="context-parallel ranks: each step's tokens split over them (prefill chunks, larger decode steps)")
     par.add_argument("--enable-expert-parallel", action="store_true",
                      help="split the routed experts over every device (EP = DP x CP x TP)")
     par.add_argument("--enable-eplb", action="store_true",

@@ -22,11 +22,18 @@ def paged_forward(
 
     def attention_for(i, layer_type, p):
         def fn(x):  # the flat batch is one row of T tokens
+            x = cfg.sharding.split_tokens(x, 1) if cfg.sharding is not None else x  # context parallel: by token
             y, new_st = paged_attention(cfg, p, layer_type, state["layers"][i], x[0], fb, page_size)
+            y = cfg.sharding.split_tokens(y, 0) if cfg.sharding is not None else y
             return y[None], {"state": new_st}
 
         return fn
 
+    plan = cfg.sharding
+    if plan is not None and plan.context_parallel_size > 1:
+        # context parallel: the token ids and the batch's index fields stay whole on every device (only the
+        # activations are split), so per-token bookkeeping never becomes a distributed gather / scatter
+        tokens, fb = jax.lax.with_sharding_constraint((tokens, fb), plan.replicated())
     streams, layers_aux = run_layers(cfg, params, tokens[None], attention_for)
     new_state = {**state, "layers": [aux["attn.state"] for aux in layers_aux]}
     if "expert_load" in state:  # EPLB: tokens routed to each expert, per layer, since the engine reset it
@@ -34,7 +41,6 @@ def paged_forward(
         counted = jnp.where(fb.valid[None, :, None], routed, cfg.n_routed_experts)  # padding: out of range
         layer = jnp.arange(routed.shape[0])[:, None, None]
         added = jnp.zeros_like(state["expert_load"]).at[layer, counted].add(1, mode="drop")
-        plan = cfg.sharding
         if plan is not None and plan.in_data_parallel_step():  # each rank counted its own tokens
             added = jax.lax.psum(added, "dp")
         new_state["expert_load"] = state["expert_load"] + added
