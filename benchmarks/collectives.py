@@ -35,7 +35,8 @@ LAYOUTS = [{"tensor_parallel_size": 2}, {"tensor_parallel_size": 4},
            # attention data-parallel (max_num_seqs and the token budget are per rank: 16 rows / 256 tokens each)
            {"data_parallel_size": 2, "tensor_parallel_size": 4, "enable_expert_parallel": True},
            {"data_parallel_size": 8, "enable_expert_parallel": True},
-           {"data_parallel_size": 4, "tensor_parallel_size": 2}]
+           {"data_parallel_size": 4, "tensor_parallel_size": 2},
+           {"context_parallel_size": 4, "enable_expert_parallel": True}]
 ENGINE = dict(max_num_seqs=16, max_num_batched_tokens=256, max_model_len=1024)
 
 
