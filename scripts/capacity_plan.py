@@ -205,7 +205,7 @@ def build(config: str, device: str, context: int, reserve_gib: float, mfu: float
 
     layouts = {
         # DeepSeek's: attention data-parallel (every rank all attention weights), experts split 64 ways
-        "decode-64: DP64 attention + EP64 (target; DP not built)": ({"experts": MESH_AXES}, {"dp": 64}, 64, 1),
+        "decode-64: DP64 attention + EP64 (target)": ({"experts": MESH_AXES}, {"dp": 64}, 64, 1),
         # what the engine builds today for a node: TP8 attention + EP8, one engine per 8-GPU node
         "decode, built today: TP8 + EP8 per node": (built(8), {"tp": 8}, 8, 8),
         "prefill-4: DP4 attention + EP4 (target)": ({"experts": MESH_AXES}, {"dp": 4}, 4, 1),

@@ -88,8 +88,8 @@ def weight_and_pool_shapes(engine) -> set:
 
 # prefix caching off: both runs of the workload then process the same tokens, so the counted loads
 # can be compared exactly (the layouts above run with it on)
-EPLB = {"tensor_parallel_size": 4, "enable_expert_parallel": True, "enable_eplb": True, "num_redundant_experts": 4,
-        "enable_prefix_caching": False}
+EPLB = {"data_parallel_size": 2, "tensor_parallel_size": 2, "enable_expert_parallel": True, "enable_eplb": True,
+        "num_redundant_experts": 4, "enable_prefix_caching": False}
 
 
 def eplb_check(cfg, params, base: dict) -> dict:
@@ -116,6 +116,26 @@ def eplb_check(cfg, params, base: dict) -> dict:
     engine.check_all_free()
     out.update(same_tokens=out["first"] == out["rebalanced"] == base["tokens"],
                loads_second=expert_balance.expert_loads(engine).tolist())  # counted from zero again
+    return out
+
+
+def structured_check(cfg, params) -> dict:
+    """Attention data-parallel with constrained rows (a thinking budget forces its end marker through the
+    grammar bitmask): with overlap such a step runs as two programs, the model half then the sampling
+    half (runtime/data_parallel.dp_forward / dp_sample). The tokens against one device's."""
+    import dataclasses
+
+    prompts, sps = workload(cfg.vocab_size)
+    sps = [dataclasses.replace(sp, thinking_token_budget=3, reasoning_end_token_ids=(7, 8)) if i % 3 == 0 else sp
+           for i, sp in enumerate(sps)]
+    out = {}
+    for name, layout in (("one", {}), ("dp", {"data_parallel_size": 2, "enable_expert_parallel": True})):
+        engine = LLMEngine(cfg, params, EngineConfig(**ENGINE, warm_structured=True, **layout))
+        engine.warmup()
+        reqs = [engine.add_request(p, sp, request_id=f"r{i}") for i, (p, sp) in enumerate(zip(prompts, sps))]
+        engine.run_until_done()
+        engine.check_all_free()
+        out[name] = [list(r.output_token_ids) for r in reqs]
     return out
 
 
@@ -154,6 +174,9 @@ def main(layouts: list[dict]) -> None:
     llm = LLM(None, warmup=False, show_progress=False, max_num_seqs=1,
               speculative_config={"method": "mtp", "num_speculative_tokens": 2})
     cfg, params = llm.cfg, llm.engine.params
+    if layouts == ["structured"]:
+        print("STRUCTURED " + json.dumps(structured_check(cfg, params)), flush=True)
+        return
     base = run(cfg, params, {})
     print("LOAD " + json.dumps(load_check(params)), flush=True)
     if "eplb" in layouts:
@@ -185,4 +208,4 @@ def main(layouts: list[dict]) -> None:
 
 
 if __name__ == "__main__":
-    main([a if a == "eplb" else json.loads(a) for a in sys.argv[1:]])
+    main([a if a in ("eplb", "structured") else json.loads(a) for a in sys.argv[1:]])

@@ -37,7 +37,7 @@ def test_kv_bytes_per_token_follow_the_layer_schedule(plan):
 
 
 def test_decode_64_weights_per_device(plan):
-    d = plan["layouts"]["decode-64: DP64 attention + EP64 (target; DP not built)"]
+    d = plan["layouts"]["decode-64: DP64 attention + EP64 (target)"]
     # 4 of 256 experts per device in 43 layers + the MTP block, FP4 with one ue8m0 byte per 32
     assert d["weights"]["routed experts"] == pytest.approx(44 * 4 * 3 * 2048 * 4096 * (0.5 + 1 / 32))
     # DP attention replicates the rest; bf16 embedding and head whole
@@ -54,4 +54,4 @@ def test_cli_prints_the_tables():
                           capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr
     assert "284.3 B without MTP" in proc.stdout and "H200 SXM" in proc.stdout
-    assert "| decode-64: DP64 attention + EP64 (target; DP not built) | 257 |" in proc.stdout
+    assert "| decode-64: DP64 attention + EP64 (target) | 257 |" in proc.stdout

@@ -182,8 +182,9 @@ def test_two_processes_run_one_engine_equal_to_one_device():
 
 
 def test_eplb_placement_changes_between_steps_without_recompiling_or_changing_outputs(eplb_run):
-    """TP4 + EP4 with 4 redundant slots (12 per layer, 3 per device): loads counted on the device, a placement
-    computed from them and applied between two runs of the workload; the tokens are those of one device."""
+    """DP2 x TP2 with EP4 and 4 redundant slots (12 per layer, 3 per device): loads counted on the device (each
+    data-parallel rank's tokens, summed over the ranks), a placement computed from them and applied between
+    two runs of the workload; the tokens are those of one device."""
     r = eplb_run
     assert r["same_tokens"]
     # no step program compiled again: only the rebalance's own two small ones (the expert-weight move,
@@ -196,3 +197,17 @@ def test_eplb_placement_changes_between_steps_without_recompiling_or_changing_ou
     placement = np.array(r["placement"])
     assert placement.shape == (4, 12) and all(set(row) == set(range(8)) for row in placement)
     assert r["figures"]["after"] <= r["figures"]["before"]
+
+
+@pytest.mark.slow
+def test_data_parallel_steps_with_constrained_rows_equal_one_device():
+    """Constrained rows under attention data-parallel (the model and sampling halves as two programs, with
+    overlap), DP2 + EP2 against one device (~70 s; `pytest -m slow -k constrained_rows`)."""
+    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=2", JAX_PLATFORMS="cpu")
+    proc = subprocess.run([sys.executable, "-m", "tests.parallel_run", "structured"], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    out = next(json.loads(line[len("STRUCTURED "):]) for line in proc.stdout.splitlines()
+               if line.startswith("STRUCTURED "))
+    assert out["dp"] == out["one"]
+    assert all(t[3:5] == [7, 8] for t in out["one"][::3])  # the budget's end marker forced after 3 tokens
