@@ -59,7 +59,7 @@ def rank_layout(layout: PagedLayout, ranks: int) -> PagedLayout:
                                num_pages=tuple((name, n // ranks) for name, n in layout.num_pages))
 
 
-def counts(plan, ranks: int) -> tuple[int, int]:
+def counts(plan) -> tuple[int, int]:
     """(tokens, rows) of the largest rank's part: what the step's shape must hold."""
     parts = plan.parts or [plan]
     return max(p.num_tokens for p in parts), max(len(p.scheduled) for p in parts)

@@ -211,7 +211,7 @@ class LLMEngine:
     # -- stepping -----------------------------------------------------------------
 
     def _shape_for(self, plan: StepPlan) -> PlanShape:
-        t, r = step_shape(*data_parallel.counts(plan, self.ranks), self.ready_token_buckets(), self.row_buckets)
+        t, r = step_shape(*data_parallel.counts(plan), self.ready_token_buckets(), self.row_buckets)
         varlen = self.num_drafts > 0 and self.config.mtp_varlen
         if varlen and not plan.drafts and not any(plan.draft_depth.values()):
             # confidence scheduling skipped the drafter and verifies nothing: the plain program does

@@ -25,15 +25,11 @@ from deepinfer.scheduler.step_plan import StepPlan
 
 
 @dataclasses.dataclass(frozen=True)
-class Totals:
-    """An allocator's figures summed over ranks (what engine statistics read)."""
+class SlotTotals:
+    """The ranks' slot allocators summed (what engine statistics read of ``slots``)."""
 
-    num_pages: int = 0
+    num_slots: int = 0
     num_free: int = 0
-
-    @property
-    def num_slots(self) -> int:
-        return self.num_pages
 
 
 class DataParallelScheduler:
@@ -112,8 +108,8 @@ class DataParallelScheduler:
         return sum(rank.num_preemptions for rank in self.ranks)
 
     @property
-    def slots(self) -> Totals:
-        return Totals(sum(r.slots.num_slots for r in self.ranks), sum(r.slots.num_free for r in self.ranks))
+    def slots(self) -> SlotTotals:
+        return SlotTotals(sum(r.slots.num_slots for r in self.ranks), sum(r.slots.num_free for r in self.ranks))
 
     # -- steps --------------------------------------------------------------------
 
