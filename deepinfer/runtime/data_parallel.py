@@ -65,26 +65,27 @@ def counts(plan) -> tuple[int, int]:
     return max(p.num_tokens for p in parts), max(len(p.scheduled) for p in parts)
 
 
-def row_order(plan, ranks: int, num_rows: int) -> np.ndarray:
-    """[ranks * num_rows]: the composite plan's row i sits at rank * num_rows + j of the outputs."""
-    order = np.zeros(ranks * num_rows, np.int32)
+def _in_rank_order(sizes: list[int], stride: int) -> np.ndarray:
+    """[len(sizes) * stride]: item i of the composite (rank r's parts laid end to end, ``sizes[r]``
+    each) sits at r * stride + its index in rank r; padding entries 0."""
+    order = np.zeros(len(sizes) * stride, np.int32)
     i = 0
-    for r, part in enumerate(plan.parts or []):
-        n = len(part.scheduled)
-        order[i : i + n] = r * num_rows + np.arange(n)
+    for r, n in enumerate(sizes):
+        order[i : i + n] = r * stride + np.arange(n)
         i += n
     return order
+
+
+def row_order(plan, ranks: int, num_rows: int) -> np.ndarray:
+    """[ranks * num_rows]: the composite plan's row i sits at rank * num_rows + j of the outputs."""
+    parts = plan.parts or [type(plan)() for _ in range(ranks)]
+    return _in_rank_order([len(p.scheduled) for p in parts], num_rows)
 
 
 def pack(plan, pools, shape: PlanShape, slots_per_rank: int, ranks: int, seeds, vocab_size, eos_token_ids) -> RankInputs:
     parts = plan.parts or [type(plan)() for _ in range(ranks)]
     packed = [pack_one(part, pools, shape, slots_per_rank, seeds, vocab_size, eos_token_ids) for part in parts]
-    tokens = np.zeros(ranks * shape.num_tokens, np.int32)
-    i = 0
-    for r, part in enumerate(parts):
-        n = part.num_tokens
-        tokens[i : i + n] = r * shape.num_tokens + np.arange(n)
-        i += n
+    tokens = _in_rank_order([p.num_tokens for p in parts], shape.num_tokens)
     plan.output_rows = row_order(plan, ranks, shape.num_rows)
     return RankInputs(np.stack([a for a, _ in packed]), np.stack([b for _, b in packed]), plan.output_rows, tokens)
 
@@ -99,10 +100,11 @@ def packed_inputs(engine, plan, shape: PlanShape, seeds) -> tuple:
 
 
 def bitmask_in_rank_order(mask: np.ndarray, plan, ranks: int, num_rows: int) -> np.ndarray:
-    """A grammar bitmask filled in the composite's row order -> the ranks' [ranks * R, ...] rows."""
+    """A grammar bitmask filled in the composite's row order -> the ranks' [ranks * R, ...] rows (where
+    ``pack`` put them: ``plan.output_rows``; the step is packed before its mask is filled)."""
     out = np.full((ranks * num_rows, *mask.shape[1:]), -1, mask.dtype)
     n = len(plan.scheduled)
-    out[row_order(plan, ranks, num_rows)[:n]] = mask[:n]
+    out[plan.output_rows[:n]] = mask[:n]
     return out
 
 
