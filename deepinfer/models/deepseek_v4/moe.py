@@ -83,10 +83,7 @@ def _expert_parallel(cfg: ModelConfig, p: dict, x: jax.Array, weights: jax.Array
     rep = jax.sharding.PartitionSpec()
 
     def local(p_local, x, weights, experts):
-        rank = jax.lax.axis_index(axes)
-        ids = experts - rank * per_device
-        mine = (ids >= 0) & (ids < per_device)
-        out = _local_experts(cfg, p_local, x, jnp.where(mine, weights, 0.0), jnp.where(mine, ids, 0))
+        out = _device_experts(cfg, p_local, x, weights, experts, jax.lax.axis_index(axes), per_device)
         return jax.lax.psum(out, axes)
 
     return jax.shard_map(local, mesh=plan.mesh, in_specs=(spec, rep, rep, rep), out_specs=rep,
@@ -110,9 +107,7 @@ def _expert_parallel_over_ranks(cfg: ModelConfig, p: dict, x: jax.Array, weights
 
     def local(p_local, x, weights, experts):
         rank = jax.lax.axis_index("dp") * inner_size + (jax.lax.axis_index(inner) if inner else 0)
-        ids = experts - rank * per_device
-        mine = (ids >= 0) & (ids < per_device)
-        out = _local_experts(cfg, p_local, x, jnp.where(mine, weights, 0.0), jnp.where(mine, ids, 0))
+        out = _device_experts(cfg, p_local, x, weights, experts, rank, per_device)
         return jax.lax.psum(out, inner) if inner else out
 
     if inner:
@@ -122,6 +117,15 @@ def _expert_parallel_over_ranks(cfg: ModelConfig, p: dict, x: jax.Array, weights
     else:
         out = local(p, *everyone)
     return jax.lax.psum_scatter(out, "dp", tiled=True)
+
+
+def _device_experts(cfg: ModelConfig, p_local: dict, x: jax.Array, weights: jax.Array, experts: jax.Array,
+                    rank: jax.Array, per_device: int) -> jax.Array:
+    """Expert-parallel device ``rank``'s share: its ``per_device`` expert slots (ids rank * per_device ...)
+    on the tokens routed to them; picks of other devices' experts weigh 0."""
+    ids = experts - rank * per_device
+    mine = (ids >= 0) & (ids < per_device)
+    return _local_experts(cfg, p_local, x, jnp.where(mine, weights, 0.0), jnp.where(mine, ids, 0))
 
 
 def _gathered_experts(cfg: ModelConfig, p: dict, x: jax.Array, weights: jax.Array, experts: jax.Array) -> jax.Array:
