@@ -45,8 +45,9 @@ class EngineConfig:
     # speculating: choose each step how many drafts each request verifies (confidence x measured step
     # cost) instead of always k; env DEEPINFER_ENABLE_MTP_VARLEN=1
     mtp_varlen: bool = field(default_factory=lambda: os.environ.get("DEEPINFER_ENABLE_MTP_VARLEN") == "1")
-    # warm-up also compiles the two halves a constrained step runs as with overlap (twice the programs:
-    # off by default, so they compile on the first constrained step of each shape instead)
+    # warm-up also compiles the two halves a constrained step (a grammar, or a thinking budget forcing
+    # its end marker) runs as with overlap (twice the programs: off by default, so they compile on the
+    # first constrained step of each shape instead)
     warm_structured: bool = False
     # prefix caching (scheduler/prefix_cache.py), vLLM's --enable-prefix-caching: blocks of
     # prefix_block_size tokens; snapshots of the per-slot state every prefix_checkpoint_interval

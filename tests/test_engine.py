@@ -71,6 +71,26 @@ def test_nothing_compiles_after_warmup():
     assert len(engine.compiled_shapes) == programs
 
 
+def test_warm_structured_covers_thinking_budgets_without_a_grammar_backend():
+    """A thinking budget forces its end marker through the grammar bitmask, so with overlap its steps
+    run as the two-program split even when no grammar backend is installed: ``warm_structured`` must
+    compile those halves too (it once skipped them without a backend: 5 compiles mid-serving)."""
+    case = load_case("mixed")
+    engine = LLMEngine(case.cfg, case.params, EngineConfig(max_num_batched_tokens=32, warm_structured=True,
+                                                           **ENGINE_KW))
+    assert engine.grammar is None
+    engine.warmup()
+    end = (7, 8)
+    sampling = lambda i: SamplingParams(temperature=0.7, seed=i, max_tokens=MAX_TOKENS[i], ignore_eos=True,  # noqa: E731
+                                        thinking_token_budget=3 if i % 2 == 0 else None, reasoning_end_token_ids=end)
+    with CompileCounter(all_threads=True) as counter:
+        reqs = drain(engine, workload(case.cfg.vocab_size, seed=4), sampling)
+    assert counter.count == 0
+    for i, req in enumerate(reqs[f"r{i}"] for i in range(len(reqs))):
+        if i % 2 == 0 and len(req.output_token_ids) >= 5:  # the budget, then the marker
+            assert tuple(req.output_token_ids[3:5]) == end and 7 not in req.output_token_ids[:3], (i, req.output_token_ids)
+
+
 def test_requests_are_served_while_programs_compile_in_the_background(reference_streams):
     """The server's warm-up: one program compiled, serving starts with it (the token budget capped
     at its size), the others compile on a worker thread and are used once ready; the tokens are

@@ -225,7 +225,7 @@ class LLMEngine:
 
     def _pack(self, plan: StepPlan, shape: PlanShape) -> tuple[jax.Array, jax.Array]:
         self._apply_cache_ops(plan)
-        return jax.tree.map(jnp.asarray, data_parallel.packed_inputs(self, plan, shape, self._seeds))
+        return jax.device_put(data_parallel.packed_inputs(self, plan, shape, self._seeds))
 
     def _run_forward(self, plan: StepPlan, shape: PlanShape):
         """Dispatch the model half of a step (structured outputs with overlap: the grammar masks
@@ -276,7 +276,7 @@ class LLMEngine:
         self.last_mask_fill_s = time.perf_counter() - t0 if mask is not None else 0.0
         self.mask_fill_s += self.last_mask_fill_s
         if mask is not None:
-            return jnp.asarray(mask if self.ranks == 1 else data_parallel.bitmask_in_rank_order(mask, plan, self.ranks,
+            return jax.device_put(mask if self.ranks == 1 else data_parallel.bitmask_in_rank_order(mask, plan, self.ranks,
                                                                                                  shape.num_rows))
         key = (rows, shape.num_drafts)  # (confidence scheduling runs plain steps too)
         if key not in self._unconstrained:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import math
 
+import jax
 import jax.numpy as jnp
 
 from deepinfer.runtime.ahead_of_time import CompileAhead, abstract
@@ -91,7 +92,7 @@ class PrefixRuntime:
         ints = pack_ops(ops, shape, e.layout.num_slots, e.layout.num_pages)
         with CompileCounter() as counter:
             e.state, self.store = cache_ops_jit(e.family, e.cfg, e.layout, shape, e.state, self.store,
-                                                jnp.asarray(ints))
+                                                jax.device_put(ints))
         e.num_compiles += counter.count
 
     def _ops_shape(self, ops: CacheOps) -> OpsShape:

@@ -46,7 +46,7 @@ def warm_up(engine, progress=None, background: bool = False, begin: bool = True)
         # (decode bursts' programs last: the engine uses them once everything is compiled)
         rest = sorted((s for s in shapes if s != first),
                       key=lambda s: (s.steps > 1, s.num_tokens > first.num_tokens, s.num_tokens))
-        structured = engine.config.warm_structured and engine.grammar is not None and engine.overlap
+        structured = _warms_halves(engine)
         engine.warming = BackgroundWarmup(engine, first, rest, structured)
         follow_background(engine)
         if begin:
@@ -99,12 +99,19 @@ def wait_background(engine, timeout: float | None = None) -> bool:
     return engine.warming is None
 
 
+def _warms_halves(engine) -> bool:
+    """Whether warm-up compiles the two halves of a constrained step (``warm_structured`` with
+    overlap). Not only with a grammar backend: a thinking budget constrains rows through the same
+    bitmask (its end marker is forced), so without one they would still compile mid-serving."""
+    return engine.config.warm_structured and engine.overlap
+
+
 def _compile_by_running(engine, shape: PlanShape) -> None:
     """Compile one shape's step by dispatching an empty plan of it, and with
     ``EngineConfig.warm_structured`` its two halves (constrained steps with overlap; otherwise
     compiled on first use)."""
     engine._run(StepPlan(), shape)
-    if engine.config.warm_structured and engine.grammar is not None and engine.overlap and shape.steps == 1:
+    if _warms_halves(engine) and shape.steps == 1:
         engine._run_sample(StepPlan(), shape, engine._run_forward(StepPlan(), shape))
 
 
