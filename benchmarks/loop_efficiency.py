@@ -2,6 +2,7 @@
 
     python benchmarks/loop_efficiency.py [--models bundled,tiny,mid] [--batches 1,32] [--new-tokens 32]
                                          [--sized-buckets] [--decode-steps 1,4]
+                                         [--max-model-len 16384] [--tables default,one]
 
 For each model and batch: the same requests (prompt --prompt-len, N new tokens,
 greedy) through LLMEngine with overlap on, then off, and through
@@ -12,7 +13,9 @@ The engine runs with the default settings of LLM() and the server (buckets, budg
 only max_num_seqs raised to the batch where it is larger than the default; --sized-buckets instead
 gives it one token bucket of exactly the batch (the round-one setting, which hid the bucket cost).
 --decode-steps: the engine's num_continuous_decode_steps values to measure, each its own rows (default:
-the default setting's alone; scheduler/decode_burst.py).
+the default setting's alone; scheduler/decode_burst.py). --max-model-len: the engine's (generate()
+sizes its own to the requests); --tables default,one: with the engine's block-table widths by context,
+and with one width (max_model_len's), each its own rows (runtime/context_widths.py).
 Prints a table and one JSON record (also written to benchmarks/results/loop_efficiency.json).
 The bundled trained model, or random weights (configs/tiny_mixed.json, configs/mid.json); CPU unless
 a GPU is present.
@@ -54,20 +57,22 @@ def load(name: str):
     return cfg, init_params(model_spec(cfg, include_mtp=False), jax.random.key(0))
 
 
-def engine_config(batch: int, plen: int, n: int, overlap: bool, sized: bool, steps: int) -> EngineConfig:
+def engine_config(batch: int, plen: int, n: int, overlap: bool, sized: bool, steps: int, max_model_len: int | None = None,
+                  one_width: bool = False) -> EngineConfig:
     if sized:  # round one's setting: buckets of exactly this batch
         return EngineConfig(max_num_seqs=batch, max_num_batched_tokens=batch * plen, max_model_len=plen + n + 1,
                             page_size=16, token_buckets=(batch, batch * plen), row_buckets=(batch,), overlap=overlap,
                             measure_device=True, num_continuous_decode_steps=steps)
     defaults = EngineConfig()
     return EngineConfig(max_num_seqs=max(batch, defaults.max_num_seqs), overlap=overlap, measure_device=True,
-                        num_continuous_decode_steps=steps)
+                        num_continuous_decode_steps=steps, max_model_len=max_model_len or defaults.max_model_len,
+                        context_buckets=() if one_width else None)
 
 
 def measure(cfg, params, batch: int, plen: int, n: int, overlap: bool, fused_rate: float, sized: bool,
-            steps: int) -> dict:
+            steps: int, max_model_len: int | None = None, one_width: bool = False) -> dict:
     prompts = np.random.default_rng(1).integers(2, cfg.vocab_size, (batch, plen))
-    engine = LLMEngine(cfg, params, engine_config(batch, plen, n, overlap, sized, steps))
+    engine = LLMEngine(cfg, params, engine_config(batch, plen, n, overlap, sized, steps, max_model_len, one_width))
     engine.warmup()
 
     def run_engine(k):
@@ -87,7 +92,9 @@ def measure(cfg, params, batch: int, plen: int, n: int, overlap: bool, fused_rat
     rate = batch * (n - 1) / max(tn - t1, 1e-9)
     engine.check_all_free()
     return {
-        "batch": batch, "new_tokens": n, "overlap": overlap, "decode_steps": steps, "engine_decode_tok_s": round(rate, 1),
+        "batch": batch, "new_tokens": n, "overlap": overlap, "decode_steps": steps,
+        "max_model_len": engine.config.max_model_len, "tables": "one width" if len(engine.context_widths) == 1 else
+        f"{len(engine.context_widths)} widths", "engine_decode_tok_s": round(rate, 1),
         "generate_decode_tok_s": round(fused_rate, 1), "ratio": round(rate / fused_rate, 3),
         "host_ms_per_step": round(1e3 * (engine.host_s - host0) / steps, 3),
         "device_ms_per_step": round(1e3 * timing["device_s_per_step"], 3),
@@ -114,22 +121,27 @@ def main():
     ap.add_argument("--new-tokens", type=int, default=32)
     ap.add_argument("--decode-steps", default=str(EngineConfig().num_continuous_decode_steps),
                     help="num_continuous_decode_steps values, comma-separated")
+    ap.add_argument("--max-model-len", type=int, default=None, help="the engine's (default: EngineConfig's)")
+    ap.add_argument("--tables", default="default",
+                    help="block-table widths to measure, comma-separated: default (the engine's context buckets), "
+                         "one (one width, max_model_len's; runtime/context_widths.py)")
     ap.add_argument("--out", default=os.path.join(ROOT, "benchmarks", "results", "loop_efficiency.json"))
     args = ap.parse_args()
     record = {"benchmark": "loop_efficiency", "device": jax.devices()[0].device_kind, "prompt_len": args.prompt_len,
               "buckets": "sized to the batch" if args.sized_buckets else "engine defaults",
               "new_tokens": args.new_tokens, "results": []}
-    print(f"{'model':6} {'batch':>5} {'overlap':>7} {'steps':>5} {'engine tok/s':>12} {'generate tok/s':>14} {'ratio':>6} "
+    print(f"{'model':6} {'batch':>5} {'tables':>9} {'overlap':>7} {'steps':>5} {'engine tok/s':>12} {'generate tok/s':>14} {'ratio':>6} "
           f"{'host ms/step':>12} {'device ms/step':>14} {'busy':>5}")
     for name in args.models.split(","):
         cfg, params = load(name)
         for b in (int(x) for x in args.batches.split(",")):
             g = fused(cfg, params, b, args.prompt_len, args.new_tokens)
-            for steps, overlap in itertools.product((int(x) for x in args.decode_steps.split(",")), (True, False)):
+            for tables, steps, overlap in itertools.product(args.tables.split(","), (
+                    int(x) for x in args.decode_steps.split(",")), (True, False)):
                 r = {"model": name, **measure(cfg, params, b, args.prompt_len, args.new_tokens, overlap, g,
-                                              args.sized_buckets, steps)}
+                                              args.sized_buckets, steps, args.max_model_len, tables == "one")}
                 record["results"].append(r)
-                print(f"{name:6} {b:>5} {'on' if overlap else 'off':>7} {steps:>5} {r['engine_decode_tok_s']:>12} "
+                print(f"{name:6} {b:>5} {r['tables']:>9} {'on' if overlap else 'off':>7} {steps:>5} {r['engine_decode_tok_s']:>12} "
                       f"{r['generate_decode_tok_s']:>14} {r['ratio']:>6} {r['host_ms_per_step']:>12} "
                       f"{r['device_ms_per_step']:>14} {r['device_busy_fraction']:>5}", flush=True)
     write_record(record, args.out)

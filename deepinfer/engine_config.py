@@ -33,6 +33,9 @@ class EngineConfig:
     num_pages: tuple[tuple[str, int], ...] | None = None  # exact pages per pool (overrides the budget)
     token_buckets: tuple[int, ...] | None = None
     row_buckets: tuple[int, ...] | None = None
+    # contexts (tokens) below max_model_len that decode steps get block tables of their own width for
+    # (runtime/context_widths.py): None: max_model_len / 4^k down to 1024; (): one width
+    context_buckets: tuple[int, ...] | None = None
     max_backtrack: int = 12
     keep_logits: bool = False  # keep each generated token's logits on the request (tests, debugging)
     overlap: bool = True  # plan step N+1 while step N runs; off: wait for each step (comparison, debugging)
@@ -84,6 +87,7 @@ class EngineConfig:
     def __post_init__(self):
         self.num_speculative_tokens()  # refuse bad values at construction, naming them
         self.parallel()
+        self.context_bucket_sizes()
         for key in ("num_redundant_experts", "eplb_step_interval"):
             if not isinstance(getattr(self, key), int) or getattr(self, key) < 0:
                 raise ValueError(f"{key} must be an integer >= 0, got {getattr(self, key)!r}")
@@ -162,6 +166,23 @@ class EngineConfig:
         if tokens[-1] < self.max_num_batched_tokens or rows[-1] < self.max_num_seqs:
             raise ValueError("the largest buckets must cover max_num_batched_tokens and max_num_seqs")
         return tokens, rows
+
+    def context_bucket_sizes(self) -> tuple[int, ...]:
+        """Contexts below max_model_len with block tables of their own width, ascending (the
+        full width is always there). Default: max_model_len / 4, / 16, ... while >= 1024 (none up to
+        max_model_len 2048, where the narrower read saved little: bundled model, CPU, 16 decode rows
+        5.7 ms at 1024 against 16.4 ms at 16384, BENCHMARKS.md section 1)."""
+        if self.context_buckets is None:
+            out, c = [], self.max_model_len // 4
+            while c >= 1024:
+                out.append(c)
+                c //= 4
+            return tuple(sorted(out))
+        sizes = tuple(self.context_buckets)
+        if any(not isinstance(c, int) or isinstance(c, bool) or not 0 < c < self.max_model_len for c in sizes):
+            raise ValueError(f"context_buckets must be integers in [1, max_model_len {self.max_model_len}), "
+                             f"got {self.context_buckets!r}")
+        return tuple(sorted(set(sizes)))
 
 
 @dataclass

@@ -39,7 +39,7 @@ from deepinfer.grammar.thinking_budget import ThinkingBudgetMatcher
 from deepinfer.kv.paged_state import init_engine_state
 from deepinfer.models.interface import ModelFamily, PagedLayout
 from deepinfer.models.registry import family_for
-from deepinfer.runtime import burst_dispatch, data_parallel, recovery, warmup
+from deepinfer.runtime import burst_dispatch, context_widths, data_parallel, recovery, warmup
 from deepinfer.runtime.batch_invariance import check_xla
 from deepinfer.runtime.compile_guard import CompileCounter
 from deepinfer.runtime.engine_stats import EngineStats, engine_stats, kv_usage
@@ -47,7 +47,7 @@ from deepinfer.runtime.mesh_setup import on_mesh
 from deepinfer.runtime.paged_step import PROGRAMS
 from deepinfer.runtime.platform import platform_in_use, require_feature
 from deepinfer.runtime.prefix_runtime import PrefixRuntime, cache_settings
-from deepinfer.runtime.request_checks import check_request
+from deepinfer.runtime.request_checks import check_options, check_request
 from deepinfer.runtime.step_results import read_step
 from deepinfer.runtime.step_timer import StepTimer
 from deepinfer.scheduler.buckets import rows_for, step_shape
@@ -117,9 +117,10 @@ class LLMEngine:
         )
         self.token_buckets, self.row_buckets = config.buckets()
         self.max_pages = tuple(-(-(config.max_model_len // p.ratio) // p.page_size) for p in self.pools)
+        self.context_widths = context_widths.widths(self)  # block-table widths, narrowest first
         if hasattr(self.family, "with_kernels"):  # Pallas kernel or reference per op, for this platform
-            self.cfg = cfg = self.family.with_kernels(cfg, self.layout, max(self.max_pages, default=1), self.dtype,
-                                                      platform)
+            self.cfg = cfg = self.family.with_kernels(cfg, self.layout, tuple(max(w, default=1) for w in
+                                                                              self.context_widths), self.dtype, platform)
         self.state = init_engine_state(self.family, cfg, self.layout, self.dtype)
         self.prefix = PrefixRuntime(self, prefix) if prefix is not None else None
         self.compiled_shapes: set[PlanShape] = set()
@@ -163,13 +164,7 @@ class LLMEngine:
         rid = request_id if request_id is not None else f"req-{next(self._ids)}"
         if rid in self._seeds:
             raise ValueError(f"request id {rid!r} is already in use")
-        if cache_salt is not None and not isinstance(cache_salt, str):
-            raise ValueError(f"cache_salt must be a string, got {type(cache_salt).__name__}")
-        if not isinstance(priority, int) or isinstance(priority, bool):
-            raise ValueError(f"priority must be an integer, got {priority!r}")
-        if priority and self.config.scheduling_policy != "priority":
-            raise ValueError(f"priority {priority} needs scheduling_policy 'priority' (this engine schedules "
-                             f"{self.config.scheduling_policy!r})")
+        check_options(cache_salt, priority, self.config.scheduling_policy)
         req = Request(rid, ids, sp, cache_salt=cache_salt, priority=priority)
         matcher = None
         if sp.structured_outputs is not None:
@@ -218,6 +213,11 @@ class LLMEngine:
             # what the speculating one would (drafter state untouched) and costs a plain step
             return PlanShape(t, r, self.max_pages)
         return PlanShape(t, r, self.max_pages, self.num_drafts, varlen)
+
+    def _dispatch_shape(self, plan: StepPlan) -> PlanShape:
+        """A one-program step's shape: its buckets, as a decode burst if it may be one, with the narrowest
+        block tables its rows fit (runtime/context_widths.py)."""
+        return context_widths.narrowed(self, plan, burst_dispatch.shape_for(self, plan, self._shape_for(plan)))
 
     def _run(self, plan: StepPlan, shape: PlanShape):
         """Dispatch one step (asynchronous: returns device arrays)."""
@@ -332,7 +332,7 @@ class LLMEngine:
                 shape = self._shape_for(plan)
                 pending = self._run_forward(plan, shape)
             elif plan.scheduled:
-                dispatched = (plan, *self._run(plan, burst_dispatch.shape_for(self, plan, self._shape_for(plan))))
+                dispatched = (plan, *self._run(plan, self._dispatch_shape(plan)))
             if plan.scheduled:
                 self.num_steps += plan.burst
             else:
@@ -348,7 +348,8 @@ class LLMEngine:
                 finished = self._process(*dispatched)
         except Exception as exc:
             plans = [plan] + ([prev[0]] if prev is not None else [])
-            raise StepFailed(exc, self._recover(plans, exc)) from exc
+            # fail only the requests that make the step fail; the others replay (runtime/recovery.py)
+            raise StepFailed(exc, recovery.isolate(self, plans, exc)) from exc
         if self.config.check_invariants:
             self.scheduler.check_invariant()
         if not self.has_unfinished:
@@ -366,17 +367,15 @@ class LLMEngine:
             raise RuntimeError("scheduler made no progress: a request cannot fit the KV pools")
         return finished
 
-    def _recover(self, plans: list[StepPlan], exc: Exception) -> list[Request]:
-        """Fail only the requests that make the step fail (runtime/recovery.py); the others replay."""
-        return recovery.isolate(self, plans, exc)
-
     def bucket_shapes(self) -> list[PlanShape]:
         """Every step shape the engine can run: each token bucket with its row bucket (buckets.py; with
-        confidence scheduling, each also without speculation), then the decode bursts' (if on)."""
+        confidence scheduling, each also without speculation), the decode bursts' (if on), then the
+        decode-sized ones again with narrower block tables (context_widths.py)."""
         varlen = self.num_drafts > 0 and self.config.mtp_varlen
         kinds = [(self.num_drafts, varlen)] + ([(0, False)] if varlen else [])  # varlen: plain steps too
-        return [PlanShape(t, rows_for(t, self.row_buckets), self.max_pages, k, v) for k, v in kinds
+        base = [PlanShape(t, rows_for(t, self.row_buckets), self.max_pages, k, v) for k, v in kinds
                 for t in self.token_buckets] + burst_dispatch.shapes(self)
+        return base + context_widths.narrow_shapes(self, base)  # narrower block tables for decode steps
 
     def warmup(self, progress=None, background: bool = False, begin: bool = True) -> int:
         """Compile every bucket shape's step (``progress(1)`` after each), or with ``background`` one

@@ -25,3 +25,15 @@ def check_request(cfg: ModelConfig, prompt_token_ids, sp: SamplingParams) -> lis
     if sp.min_tokens and len(set(sp.stop_token_ids) | set(cfg.eos_token_ids)) + len(sp.logit_bias) > MAX_BIAS_SLOTS:
         raise ValueError(f"logit_bias plus the ids min_tokens blocks exceed {MAX_BIAS_SLOTS} entries")
     return ids
+
+
+def check_options(cache_salt, priority, scheduling_policy: str) -> None:
+    """A request's options besides its sampling: a string cache salt, an integer priority (non-zero
+    only under scheduling_policy "priority", where it would otherwise be silently ignored)."""
+    if cache_salt is not None and not isinstance(cache_salt, str):
+        raise ValueError(f"cache_salt must be a string, got {type(cache_salt).__name__}")
+    if not isinstance(priority, int) or isinstance(priority, bool):
+        raise ValueError(f"priority must be an integer, got {priority!r}")
+    if priority and scheduling_policy != "priority":
+        raise ValueError(f"priority {priority} needs scheduling_policy 'priority' (this engine schedules "
+                         f"{scheduling_policy!r})")

@@ -42,10 +42,11 @@ def warm_up(engine, progress=None, background: bool = False, begin: bool = True)
         if engine.step_timer is not None:  # the warm-up step is not a serving step
             engine.step_timer.drain()
             engine.step_timer.reset()
-        # the small decode shapes first (every decode step runs in one), then the larger ones
-        # (decode bursts' programs last: the engine uses them once everything is compiled)
-        rest = sorted((s for s in shapes if s != first),
-                      key=lambda s: (s.steps > 1, s.num_tokens > first.num_tokens, s.num_tokens))
+        # the small decode shapes first (every decode step runs in one), then the larger ones, then
+        # decode bursts' programs (the engine uses them once everything is compiled), then the
+        # narrower block tables (context_widths.py: each used once it is ready)
+        rest = sorted((s for s in shapes if s != first), key=lambda s: (
+            s.max_pages != first.max_pages, s.steps > 1, s.num_tokens > first.num_tokens, s.num_tokens))
         structured = _warms_halves(engine)
         engine.warming = BackgroundWarmup(engine, first, rest, structured)
         follow_background(engine)
@@ -59,7 +60,8 @@ def warm_up(engine, progress=None, background: bool = False, begin: bool = True)
     costs = {}
     for shape in shapes:
         _compile_by_running(engine, shape)
-        if engine.num_drafts and engine.config.mtp_varlen:  # the step-cost model of confidence scheduling
+        if engine.num_drafts and engine.config.mtp_varlen and shape.max_pages == engine.max_pages:
+            # the step-cost model of confidence scheduling (priced at the full block-table width)
             key = (shape.num_tokens, shape.num_rows)
             if not shape.num_drafts:  # depth 0 verifying nothing runs the plain program (engine._shape_for)
                 costs[key + ("depth", 0)] = time_step(engine, shape, 0)
@@ -111,7 +113,7 @@ def _compile_by_running(engine, shape: PlanShape) -> None:
     ``EngineConfig.warm_structured`` its two halves (constrained steps with overlap; otherwise
     compiled on first use)."""
     engine._run(StepPlan(), shape)
-    if _warms_halves(engine) and shape.steps == 1:
+    if _warms_halves(engine) and shape.steps == 1 and shape.max_pages == engine.max_pages:
         engine._run_sample(StepPlan(), shape, engine._run_forward(StepPlan(), shape))
 
 
@@ -172,6 +174,8 @@ class BackgroundWarmup:
     def __init__(self, engine, first: PlanShape, rest: list[PlanShape], structured: bool):
         self._idle = engine.idle
         self._ready = [first.num_tokens]
+        self.ready_shapes: set[PlanShape] = set()  # the narrower block tables' programs compiled so far
+        self._full_width = first.max_pages
         self.pending = [s.num_tokens for s in rest]
         self.error: BaseException | None = None
         self.compile_s = 0.0
@@ -206,13 +210,15 @@ class BackgroundWarmup:
                 if self._stop.is_set():
                     return
                 (self._programs.burst if shape.steps > 1 else self._programs.step).lower(*args, shape, params, state, ints, floats, bitmask).compile()
-                if shape.steps == 1:  # a token bucket the engine may dispatch now (bursts wait for all)
+                if shape.max_pages != self._full_width:
+                    self.ready_shapes.add(shape)  # (context_widths.narrowed reads it)
+                elif shape.steps == 1:  # a token bucket the engine may dispatch now (bursts wait for all)
                     self._ready.append(shape.num_tokens)
                 self.pending.remove(shape.num_tokens)
                 log.info("warm-up: step program for %d tokens x %d rows%s ready (%d still compiling)",
                          shape.num_tokens, shape.num_rows, f" x {shape.steps} steps" if shape.steps > 1 else "",
                          len(self.pending))
-            halves = [job for job in jobs if job[0].steps == 1] if structured else []
+            halves = [job for job in jobs if structured and job[0].steps == 1 and job[0].max_pages == self._full_width]
             for shape, (ints, floats, bitmask) in halves:  # the halves of constrained steps
                 self._idle.wait(self.PATIENCE_S)
                 if self._stop.is_set():

@@ -86,6 +86,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="step sizes in tokens to compile, comma-separated, e.g. 16,64,256 (the largest must be "
                         "--max-num-batched-tokens; default: 1, 2, 4, 8 as far as a decode step fills them, then "
                         "powers of two from 16); like vLLM's --cuda-graph-sizes")
+    p.add_argument("--context-buckets", type=_context_buckets, default=None,
+                   help="contexts (tokens, below --max-model-len) whose decode steps get block tables of their own "
+                        "width, comma-separated, or 'none' for one width (default: max-model-len / 4, / 16, ... "
+                        "down to 1024)")
     p.add_argument("--warmup", choices=("background", "full"), default="background",
                    help="background: compile one step program, start serving with it (prefill in chunks of its "
                         "size) and compile the rest on a worker thread, each used once ready; full: compile every "
@@ -153,6 +157,10 @@ def _buckets(text: str) -> tuple[int, ...]:
     return sizes
 
 
+def _context_buckets(text: str) -> tuple[int, ...]:
+    return () if text.strip().lower() == "none" else _buckets(text)
+
+
 def build_state(args: argparse.Namespace):
     """Load the model, build and warm the engine. Returns the ServerState."""
     import jax
@@ -210,7 +218,7 @@ def build_state(args: argparse.Namespace):
         raise ValueError(f"--max-model-len {max_len} exceeds the model's max_position_embeddings {cfg.max_position_embeddings}")
     ec = EngineConfig(
         max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens, max_model_len=max_len,
-        token_buckets=args.token_buckets,
+        token_buckets=args.token_buckets, context_buckets=args.context_buckets,
         kv_memory_bytes=parse_bytes(args.kv_memory) if args.kv_memory else None, overlap=not args.no_overlap,
         measure_device=True,  # device time and busy fraction for /metrics (one watcher thread)
         batch_invariant=args.batch_invariant, speculative_config=args.speculative_config,

@@ -28,12 +28,13 @@ def probe_extents(cfg, layout, max_pages: int, dtype) -> ProbeExtents:
     )
 
 
-def kernels_for(cfg, layout, max_pages: int, dtype, platform: str):
+def kernels_for(cfg, layout, max_pages, dtype, platform: str):
     """cfg with ``kernels`` set for ``platform``: each op's Pallas kernel or pure-JAX reference.
 
     On a platform Pallas lowers to, each chosen kernel is compiled once on the model's extents
     first; one that does not lower falls back to its reference, with a warning saying why.
-    (Interpret mode on a CPU always lowers: nothing to probe.)"""
+    (Interpret mode on a CPU always lowers: nothing to probe.) ``max_pages``: the block tables'
+    width, or every width the engine's programs use (runtime/context_widths.py): probed at each."""
     kernels = choose_kernels(platform, os.environ.get("DEEPINFER_KERNELS"))
     if cfg.batch_invariant and (kernels.uses("attention") or kernels.uses("indexer")):
         # The attention kernel reads a key from the ring or from the step depending on where the
@@ -44,8 +45,10 @@ def kernels_for(cfg, layout, max_pages: int, dtype, platform: str):
         log.info("batch-invariant mode: attention and indexer run their references (bitwise per position)")
         kernels = dataclasses.replace(kernels, attention="ref", indexer="ref")
     if platform in PALLAS_PLATFORMS:
-        kernels, dropped = probe_kernels(kernels, probe_extents(cfg, layout, max_pages, dtype))
-        for op, why in dropped.items():
-            log.warning("the %s kernel does not lower on %s; running its reference instead (%s)", op, platform, why)
+        for width in sorted(set(max_pages if isinstance(max_pages, tuple) else (max_pages,))):
+            kernels, dropped = probe_kernels(kernels, probe_extents(cfg, layout, width, dtype))
+            for op, why in dropped.items():
+                log.warning("the %s kernel does not lower on %s at %d pages; running its reference instead (%s)",
+                            op, platform, width, why)
     log.info("kernels on %s: %s", platform, kernels.describe())
     return cfg if kernels == cfg.kernels else cfg.replace(kernels=kernels)
