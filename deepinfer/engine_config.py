@@ -100,9 +100,6 @@ class EngineConfig:
             # step planned after it too: the window rings must keep (2 n - 1) positions past the stop
             raise ValueError(f"num_continuous_decode_steps must be an integer in [1, {max(most, 1)}] (at most "
                              f"(max_backtrack + 1) // 2 with max_backtrack {self.max_backtrack}), got {n!r}")
-        if n > 1 and self.data_parallel_size > 1:
-            raise ValueError(f"num_continuous_decode_steps {n}: decode bursts are not built for attention "
-                             f"data-parallel (data_parallel_size {self.data_parallel_size})")
         if self.prefix_replay not in ("snapshot", "recompute"):
             raise ValueError(f"prefix_replay must be 'snapshot' or 'recompute', got {self.prefix_replay!r}")
         for key in ("prefix_block_size", "prefix_checkpoint_interval"):

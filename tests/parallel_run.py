@@ -139,6 +139,30 @@ def structured_check(cfg, params) -> dict:
     return out
 
 
+def burst_check(cfg, params) -> dict:
+    """Decode bursts and narrower block tables under attention data-parallel (DP2 + EP2): the ranks' rows
+    run two steps per dispatch in one program, each step in the narrowest table its rows fit. Tokens
+    against one device without either, bursts and narrow programs counted, nothing compiled after warm-up."""
+    prompts, sps = workload(cfg.vocab_size)
+    out = {}
+    plain = {k: v for k, v in ENGINE.items() if k != "keep_logits"}  # (a burst returns tokens only)
+    for name, extra in (("one", {}), ("dp", {"data_parallel_size": 2, "enable_expert_parallel": True,
+                                             "num_continuous_decode_steps": 2, "context_buckets": (32, 64)})):
+        engine = LLMEngine(cfg, params, EngineConfig(**plain, **extra))
+        engine.warmup()
+        narrow = []
+        run = engine._run
+        engine._run = lambda plan, shape: (narrow.append(shape.max_pages != engine.max_pages), run(plan, shape))[1]
+        with CompileCounter(all_threads=True) as compiles:
+            reqs = [engine.add_request(p, sp, request_id=f"r{i}") for i, (p, sp) in enumerate(zip(prompts, sps))]
+            engine.run_until_done()
+        engine.check_all_free()
+        out[name] = [list(r.output_token_ids) for r in reqs]
+        out[f"{name}_bursts"], out[f"{name}_narrow"] = engine.num_decode_bursts, sum(narrow)
+        out[f"{name}_compiles"] = compiles.count
+    return out
+
+
 def load_check(params) -> dict:
     """LLM() on a TP4 + EP layout: every weight read from the checkpoint lands on its devices as it is
     loaded (runtime/mesh_setup.load_shardings), so placing the tree on the mesh afterwards moves none."""
@@ -177,6 +201,9 @@ def main(layouts: list[dict]) -> None:
     if layouts == ["structured"]:
         print("STRUCTURED " + json.dumps(structured_check(cfg, params)), flush=True)
         return
+    if layouts == ["bursts"]:
+        print("BURSTS " + json.dumps(burst_check(cfg, params)), flush=True)
+        return
     base = run(cfg, params, {})
     print("LOAD " + json.dumps(load_check(params)), flush=True)
     if "eplb" in layouts:
@@ -208,4 +235,4 @@ def main(layouts: list[dict]) -> None:
 
 
 if __name__ == "__main__":
-    main([a if a in ("eplb", "structured") else json.loads(a) for a in sys.argv[1:]])
+    main([a if a in ("eplb", "structured", "bursts") else json.loads(a) for a in sys.argv[1:]])

@@ -138,9 +138,6 @@ def test_layout_settings_are_checked_and_named():
     with pytest.raises(ValueError, match="tensor_parallel_size must be an integer >= 1, got 0"):
         EngineConfig(tensor_parallel_size=0)
     assert EngineConfig(data_parallel_size=2, context_parallel_size=2).parallel().world_size == 4
-    with pytest.raises(ValueError, match="num_continuous_decode_steps 2: decode bursts are not built for attention "
-                                         "data-parallel"):
-        EngineConfig(data_parallel_size=2, num_continuous_decode_steps=2)
     with pytest.raises(ValueError, match="the layout needs 4 devices .* 1 are visible"):
         ParallelConfig(tensor_parallel_size=4).plan([object()])
     with pytest.raises(ValueError, match="unknown keys \\['tp'\\]"):
@@ -197,6 +194,20 @@ def test_eplb_placement_changes_between_steps_without_recompiling_or_changing_ou
     placement = np.array(r["placement"])
     assert placement.shape == (4, 12) and all(set(row) == set(range(8)) for row in placement)
     assert r["figures"]["after"] <= r["figures"]["before"]
+
+
+def test_data_parallel_decode_bursts_in_narrow_tables_equal_one_device():
+    """Decode bursts of 2 steps and narrower block tables under DP2 + EP2: the one-device tokens (the
+    workload of the layouts above, its greedy and seeded requests), both used, nothing compiled later."""
+    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=2", JAX_PLATFORMS="cpu")
+    proc = subprocess.run([sys.executable, "-m", "tests.parallel_run", "bursts"], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    out = next(json.loads(line[len("BURSTS "):]) for line in proc.stdout.splitlines() if line.startswith("BURSTS "))
+    assert out["dp"] == out["one"]
+    assert out["one_bursts"] == out["one_narrow"] == 0  # the one-device run has neither
+    assert out["dp_bursts"] > 0 and out["dp_narrow"] > 0, out
+    assert out["dp_compiles"] == 0 == out["one_compiles"]
 
 
 @pytest.mark.slow

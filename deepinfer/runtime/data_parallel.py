@@ -30,6 +30,7 @@ from deepinfer.runtime.paged_step import (
     Forwarded,
     StepOutput,
     StepPrograms,
+    burst_steps,
     forward_half,
     run_step,
     sample_half,
@@ -200,7 +201,22 @@ def dp_sample(family, cfg, layout, shape: PlanShape, specs, params, state, fwd: 
     return _in_plan_order(out, inputs), state
 
 
+def dp_burst(family, cfg, layout, shape: PlanShape, specs, params, state, inputs: RankInputs, floats, bitmask):
+    """A decode burst (paged_step.paged_burst) over the ranks: every rank's rows run ``shape.steps``
+    steps in one program (the experts' exchange in each). -> (tokens [rows in plan order, steps], state)."""
+    pools = tuple(name for name, _ in layout.num_pages)
+
+    def fn(local, params, state, ints, floats, mask):
+        tok, rows, tables = unpack(shape, pools, ints, floats)
+        return burst_steps(family, cfg, local, params, state, tok, rows, tables, shape.steps, mask)
+
+    tokens, state = _per_rank(fn, family, cfg, layout, specs, params, state,
+                              (inputs.ints, inputs.floats, _rank_bitmask(bitmask, num_ranks(cfg))))
+    return _flat(tokens)[inputs.rows], state
+
+
 _dp_step_jit = jax.jit(dp_step, static_argnums=(0, 1, 2, 3, 4), donate_argnums=(6,))
+_dp_burst_jit = jax.jit(dp_burst, static_argnums=(0, 1, 2, 3, 4), donate_argnums=(6,))
 _dp_forward_jit = jax.jit(dp_forward, static_argnums=(0, 1, 2, 3, 4), donate_argnums=(6,))
 _dp_sample_jit = jax.jit(dp_sample, static_argnums=(0, 1, 2, 3, 4), donate_argnums=(6,))
 
@@ -220,7 +236,7 @@ class _WithSpecs:
 
 
 def programs(params) -> StepPrograms:
-    """The engine's step programs under attention data-parallel (decode bursts: not built for it)."""
+    """The engine's step programs under attention data-parallel."""
     specs = param_specs(params)
     return StepPrograms(_WithSpecs(_dp_step_jit, specs), _WithSpecs(_dp_forward_jit, specs),
-                        _WithSpecs(_dp_sample_jit, specs), None)
+                        _WithSpecs(_dp_sample_jit, specs), _WithSpecs(_dp_burst_jit, specs))

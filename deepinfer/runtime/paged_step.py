@@ -313,15 +313,21 @@ def paged_burst(family, cfg, layout, shape: PlanShape, params, state, ints, floa
     steps would. -> (tokens [R, steps] int32, new state)."""
     pools = tuple(name for name, _ in layout.num_pages)
     tok, rows, tables = unpack(shape, pools, ints, floats)
+    tokens, state = burst_steps(family, cfg, layout, params, state, tok, rows, tables, shape.steps, bitmask)
+    return tokens, pin_state(family, cfg, layout, state)
 
+
+def burst_steps(family, cfg, layout, params, state, tok: TokenFields, rows: RowFields, tables, steps: int, bitmask):
+    """``steps`` decode steps of the same rows on typed inputs (the body of a burst, one device or one
+    data-parallel rank) -> (tokens [R, steps], new state)."""
     def one(state, i):
         t = tok._replace(tokens=jnp.where(i > 0, -1, tok.tokens), positions=tok.positions + i)
         out, state = run_step(family, cfg, layout, params, state, t, rows._replace(length=rows.length + i), tables,
                               0, bitmask)
         return state, out.tokens[:, 0]
 
-    state, tokens = jax.lax.scan(one, state, jnp.arange(shape.steps, dtype=jnp.int32))
-    return tokens.T, pin_state(family, cfg, layout, state)
+    state, tokens = jax.lax.scan(one, state, jnp.arange(steps, dtype=jnp.int32))
+    return tokens.T, state
 
 
 # One program per static (family, config, layout, plan shape); the state is updated in place.

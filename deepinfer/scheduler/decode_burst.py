@@ -12,7 +12,9 @@ steps in a row would (pages, ``num_computed``, one placeholder per token), and r
 of each row together. A row that stops inside a burst (EOS, a stop token or string) has its later
 tokens dropped, as a step run past a stop with overlap is: the device ran ahead, nothing else
 changes (the window rings keep ``max_backtrack`` positions past a stop for its prefix snapshot,
-so a burst is at most (max_backtrack + 1) // 2 steps, engine_config.py). Host only.
+so a burst is at most (max_backtrack + 1) // 2 steps, engine_config.py). Under attention
+data-parallel the ranks' rows run in one program, so a step bursts when every rank's rows may,
+each rank committing its own rows' pages. Host only.
 """
 
 from __future__ import annotations
@@ -26,6 +28,10 @@ def burst_length(scheduler, plan, want: int) -> int:
     token); and pages for every row's extra tokens without preempting anyone."""
     if want <= 1 or not plan.scheduled or plan.preempted or plan.drafts or plan.cache:
         return 1
+    if hasattr(scheduler, "ranks"):  # attention data-parallel: one program, so every rank's rows or none
+        parts = scheduler.parts_of(plan)
+        return want if all(burst_length(rank, part, want) == want for rank, part in zip(scheduler.ranks, parts)
+                           if part.scheduled) else 1
     config = scheduler.config
     if scheduler.waiting and len(scheduler.running) < config.max_num_seqs:
         return 1
@@ -56,6 +62,12 @@ def burst_length(scheduler, plan, want: int) -> int:
 def extend(scheduler, plan, steps: int) -> None:
     """Commit a burst of ``steps`` for the plan's rows (``burst_length`` said they fit): pages for
     the extra tokens, ``num_computed`` advanced, one placeholder output per extra token."""
+    if hasattr(scheduler, "ranks"):  # each rank's rows on its own pools
+        for rank, part in zip(scheduler.ranks, scheduler.parts_of(plan)):
+            if part.scheduled:
+                extend(rank, part, steps)
+        plan.burst = steps
+        return
     extra = steps - 1
     for req, _ in plan.scheduled:
         scheduler._grow(req, extra)
