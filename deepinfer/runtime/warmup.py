@@ -215,8 +215,9 @@ class BackgroundWarmup:
                 elif shape.steps == 1:  # a token bucket the engine may dispatch now (bursts wait for all)
                     self._ready.append(shape.num_tokens)
                 self.pending.remove(shape.num_tokens)
-                log.info("warm-up: step program for %d tokens x %d rows%s ready (%d still compiling)",
+                log.info("warm-up: step program for %d tokens x %d rows%s%s ready (%d still compiling)",
                          shape.num_tokens, shape.num_rows, f" x {shape.steps} steps" if shape.steps > 1 else "",
+                         f", block tables {shape.max_pages} pages" if shape.max_pages != self._full_width else "",
                          len(self.pending))
             halves = [job for job in jobs if structured and job[0].steps == 1 and job[0].max_pages == self._full_width]
             for shape, (ints, floats, bitmask) in halves:  # the halves of constrained steps
