@@ -198,7 +198,12 @@ def main():
         if proc is not None:
             stop(proc)
     write_record(record, args.out)
-    for p in plot(record, os.path.dirname(args.out)):
+    try:
+        paths = plot(record, os.path.dirname(args.out))
+    except ImportError as e:  # the plots need the bench extra's matplotlib; the record is written
+        print(f"no plots ({e}): pip install -e '.[bench]'")
+        paths = []
+    for p in paths:
         print("plot:", p)
 
 
