@@ -6,7 +6,8 @@ import nbformat
 import pytest
 from nbclient import NotebookClient
 
-NOTEBOOK_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "notebooks")
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+NOTEBOOK_DIR = os.path.join(REPO_ROOT, "notebooks")
 NOTEBOOKS = sorted(n for n in os.listdir(NOTEBOOK_DIR) if n.endswith(".ipynb"))
 
 
@@ -19,7 +20,10 @@ def test_there_are_notebooks():
 
 
 @pytest.mark.parametrize("name", NOTEBOOKS)
-def test_notebook_executes(name):
+def test_notebook_executes(name, monkeypatch):
+    # the kernel is a fresh process: it must import this checkout, not whatever an earlier
+    # `pip install -e` of another path left in site-packages
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(p for p in (REPO_ROOT, os.environ.get("PYTHONPATH")) if p))
     nb = nbformat.read(os.path.join(NOTEBOOK_DIR, name), as_version=4)
     NotebookClient(nb, timeout=600, kernel_name="python3", resources={"metadata": {"path": NOTEBOOK_DIR}}).execute()
     outputs = [o for cell in nb.cells if cell.cell_type == "code" for o in cell.get("outputs", [])]
