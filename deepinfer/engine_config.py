@@ -81,6 +81,9 @@ class EngineConfig:
     # plain decode and nothing waits to be admitted, run this many steps in one program (an on-device
     # loop) and read their tokens at once (scheduler/decode_burst.py); 1: one step per dispatch
     num_continuous_decode_steps: int = 1
+    # a folder of compiled step programs (runtime/program_store.py): a restart loads them instead of
+    # tracing and lowering again; None: none kept (the server puts one in its compile cache)
+    program_cache_dir: str | None = None
     # check the allocator invariant after every step (tests; env DEEPINFER_CHECK_INVARIANTS=1)
     check_invariants: bool = field(default_factory=lambda: os.environ.get("DEEPINFER_CHECK_INVARIANTS") == "1")
 

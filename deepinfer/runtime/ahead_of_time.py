@@ -14,9 +14,9 @@ def abstract(tree):
     """Shapes, dtypes and shardings of a tree of arrays (what a program is compiled for). A single
     device's arrays go without a sharding: a dispatch with them lowers with the shardings left
     unspecified, and a program compiled for a stated one would be another cache entry (measured:
-    every such program compiled again on first use)."""
+    every such program compiled again on first use). Abstract arguments pass through the same way."""
     def one(a):
-        sharding = a.sharding if len(a.sharding.device_set) > 1 else None
+        sharding = a.sharding if a.sharding is not None and len(a.sharding.device_set) > 1 else None
         return jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=sharding)
     return jax.tree.map(one, tree)
 

@@ -46,6 +46,7 @@ from deepinfer.runtime.engine_stats import EngineStats, engine_stats, kv_usage
 from deepinfer.runtime.mesh_setup import on_mesh
 from deepinfer.runtime.paged_step import PROGRAMS
 from deepinfer.runtime.platform import platform_in_use, require_feature
+from deepinfer.runtime.program_store import stored_programs
 from deepinfer.runtime.prefix_runtime import PrefixRuntime, cache_settings
 from deepinfer.runtime.request_checks import check_options, check_request
 from deepinfer.runtime.step_results import read_step
@@ -85,7 +86,8 @@ class LLMEngine:
         self.cfg, self.params, self.config, self.family = cfg, params, config, family
         # attention data-parallel: each rank its own slots, pools and scheduler (runtime/data_parallel.py)
         self.ranks = data_parallel.num_ranks(cfg)
-        self.programs = PROGRAMS if self.ranks == 1 else data_parallel.programs(params)
+        self.programs = stored_programs(PROGRAMS if self.ranks == 1 else data_parallel.programs(params),
+                                        config.program_cache_dir)  # (runtime/program_store.py)
         self.num_drafts = config.num_speculative_tokens()
         if self.num_drafts:
             if self.family.draft_forward is None:
@@ -133,15 +135,13 @@ class LLMEngine:
         self.num_steps, self.num_decode_bursts = 0, 0  # model steps dispatched (a burst counts its steps)
         self._inflight: tuple | None = None  # (plan, device outputs) of the step not yet read
         self.updated: list[Request] = []  # requests whose outputs the last step() filled in (finished ones too)
-        self.last_wait_s = 0.0
-        self.last_host_s = 0.0
+        self.last_wait_s = self.last_host_s = 0.0
         self.host_s = 0.0  # host time of all steps so far (step() wall time minus waits on the device)
         self.step_timer = StepTimer() if config.measure_device else None
         self.grammar = grammar
         self.bitmask_words = bitmask_words(cfg.vocab_size)
         self._unconstrained: dict[tuple[int, int], jax.Array] = {}  # (rows, drafts) -> all-ones bitmask
-        self.mask_fill_s = 0.0  # host time spent filling grammar masks (all steps)
-        self.last_mask_fill_s = 0.0
+        self.mask_fill_s = self.last_mask_fill_s = 0.0  # host time spent filling grammar masks (all steps; the last)
         c = self.capacity
         log.info(
             "KV capacity: %d tokens, %d requests of max_model_len %d; %d slots; pools %s; %.1f MiB",

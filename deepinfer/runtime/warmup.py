@@ -111,10 +111,28 @@ def _warms_halves(engine) -> bool:
 def _compile_by_running(engine, shape: PlanShape) -> None:
     """Compile one shape's step by dispatching an empty plan of it, and with
     ``EngineConfig.warm_structured`` its two halves (constrained steps with overlap; otherwise
-    compiled on first use)."""
+    compiled on first use). With a program store, they are loaded from it (or compiled ahead of
+    time and saved) first: the dispatch then runs the loaded executable."""
+    if engine.programs.step.store is not None:
+        compile_shape(engine.programs, (engine.family, engine.cfg, engine.layout), abstract(engine.params),
+                      abstract(engine.state), shape, abstract_inputs(engine, shape),
+                      halves=_warms_halves(engine) and shape.steps == 1 and shape.max_pages == engine.max_pages)
     engine._run(StepPlan(), shape)
     if _warms_halves(engine) and shape.steps == 1 and shape.max_pages == engine.max_pages:
         engine._run_sample(StepPlan(), shape, engine._run_forward(StepPlan(), shape))
+
+
+def compile_shape(programs, statics: tuple, params, state, shape: PlanShape, inputs: tuple, step: bool = True,
+                  halves: bool = False) -> None:
+    """Load or compile (program_store.StoredProgram.compile) from abstract arguments the program that
+    runs a plan of ``shape`` (``step``), and with ``halves`` the two halves of its constrained step."""
+    ints, floats, bitmask = inputs
+    if step:
+        (programs.burst if shape.steps > 1 else programs.step).compile(*statics, shape, params, state, ints, floats,
+                                                                        bitmask)
+    if halves:
+        fwd = programs.forward.compile(*statics, shape, params, state, ints, floats)
+        programs.sample.compile(*statics, shape, params, state, fwd.out_info[0], ints, floats, bitmask)
 
 
 def time_step(engine, shape: PlanShape, depth: int, width: int = 1, repeats: int = 3) -> float:
@@ -209,7 +227,7 @@ class BackgroundWarmup:
                 self._idle.wait(self.PATIENCE_S)
                 if self._stop.is_set():
                     return
-                (self._programs.burst if shape.steps > 1 else self._programs.step).lower(*args, shape, params, state, ints, floats, bitmask).compile()
+                compile_shape(self._programs, args, params, state, shape, (ints, floats, bitmask))
                 if shape.max_pages != self._full_width:
                     self.ready_shapes.add(shape)  # (context_widths.narrowed reads it)
                 elif shape.steps == 1:  # a token bucket the engine may dispatch now (bursts wait for all)
@@ -224,9 +242,7 @@ class BackgroundWarmup:
                 self._idle.wait(self.PATIENCE_S)
                 if self._stop.is_set():
                     return
-                fwd = self._programs.forward.lower(*args, shape, params, state, ints, floats)
-                fwd.compile()
-                self._programs.sample.lower(*args, shape, params, state, fwd.out_info[0], ints, floats, bitmask).compile()
+                compile_shape(self._programs, args, params, state, shape, (ints, floats, bitmask), step=False, halves=True)
         except BaseException as e:  # the shapes not compiled stay unused; the engine serves with the rest
             self.error = e
             log.error("warm-up: compiling in the background failed (%s: %s); serving with token buckets %s",

@@ -103,7 +103,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    "then each gets an error event and [DONE]. New requests get 503 meanwhile")
     p.add_argument("--compile-cache", default=os.environ.get("DEEPINFER_COMPILE_CACHE", "auto"),
                    help="JAX persistent compilation cache folder ('auto': <DEEPINFER_CACHE or ~/.cache/deepinfer>/jax; "
-                   "'off' to disable); a warm cache makes restarts skip compilation")
+                   "'off' to disable); a warm cache makes restarts skip compilation, and the step programs "
+                        "saved in its deepinfer-programs/ skip tracing too")
     p.add_argument("--platform", default=os.environ.get("DEEPINFER_PLATFORM"),
                    help="devices to run on: cpu, gpu, or a PJRT plugin platform such as npu (Ascend; "
                    "docs/platforms.md); default: JAX's choice")
@@ -181,13 +182,15 @@ def build_state(args: argparse.Namespace):
     from deepinfer.serve.metrics import ServerMetrics
     from deepinfer.text.tokenizer import TextTokenizer
 
+    programs = None  # the step programs' own store (runtime/program_store.py), inside the compile cache
     if args.compile_cache != "off":
         from deepinfer.default_model import cache_root
 
         path = os.path.join(cache_root(), "jax") if args.compile_cache == "auto" else args.compile_cache
         jax.config.update("jax_compilation_cache_dir", path)
         jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.2)
-        log.info("JAX compilation cache: %s", path)
+        programs = os.path.join(path, "deepinfer-programs")
+        log.info("JAX compilation cache: %s (compiled step programs: %s)", path, programs)
     model_dir = args.model or default_model_dir()
     name = args.served_model_name or (DEFAULT_NAME if args.model is None else os.path.basename(os.path.normpath(model_dir)))
     t0 = time.perf_counter()
@@ -229,6 +232,7 @@ def build_state(args: argparse.Namespace):
         context_parallel_size=args.context_parallel_size, enable_expert_parallel=args.enable_expert_parallel,
         enable_eplb=args.enable_eplb, num_redundant_experts=args.num_redundant_experts,
         eplb_step_interval=args.eplb_step_interval, num_continuous_decode_steps=args.num_continuous_decode_steps,
+        program_cache_dir=programs,
     )
     grammar = None
     if tokenizer is not None:
@@ -243,8 +247,11 @@ def build_state(args: argparse.Namespace):
     with tqdm(total=1 if background else len(engine.bucket_shapes()), desc="Compiling step programs",
               unit="program", leave=False, disable=None) as wbar:
         engine.warmup(progress=wbar.update, background=background, begin=False)  # the rest: once serving
-    log.info("compiled %d step programs in %.1f s: token buckets %s (row buckets %s)%s",
-             len(engine.compiled_shapes), time.perf_counter() - t1, list(engine.token_buckets), list(engine.row_buckets),
+    store = engine.programs.step.store
+    log.info("compiled %d step programs in %.1f s%s: token buckets %s (row buckets %s)%s",
+             len(engine.compiled_shapes), time.perf_counter() - t1,
+             f" ({store.loaded} programs loaded from the store)" if store is not None and store.loaded else "",
+             list(engine.token_buckets), list(engine.row_buckets),
              f"; still compiling in the background: {list(engine.warming.pending)}" if engine.warming else "")
     if args.prefix_cache_dir is not None:
         _load_saved_prefix_cache(engine, args.prefix_cache_dir)
