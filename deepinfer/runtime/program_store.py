@@ -14,9 +14,10 @@ fetch alone.
 ``StoredProgram`` wraps one jitted step program (called as ``f(family, cfg, layout, shape, *arrays)``):
 ``compile`` loads or compiles the program for abstract arguments (and saves it), and from then on
 calls with that shape run the compiled executable directly; shapes never compiled through it go to
-the jitted function as before. Used only when ``EngineConfig.program_cache_dir`` is set (the
-server sets it under its compile cache). Loading an executable runs code from that folder: keep it
-as private as the compile cache. A file that fails to load is ignored (and rewritten).
+the jitted function as before. Every engine's programs are wrapped; only with
+``EngineConfig.program_cache_dir`` (the server sets it under its compile cache) are the executables
+also saved and loaded, otherwise they live in memory. Loading an executable runs code from that
+folder: keep it as private as the compile cache. A file that fails to load is ignored (and rewritten).
 """
 
 from __future__ import annotations

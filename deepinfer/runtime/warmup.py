@@ -113,12 +113,12 @@ def _compile_by_running(engine, shape: PlanShape) -> None:
     ``EngineConfig.warm_structured`` its two halves (constrained steps with overlap; otherwise
     compiled on first use). With a program store, they are loaded from it (or compiled ahead of
     time and saved) first: the dispatch then runs the loaded executable."""
+    halves = _warms_halves(engine) and shape.steps == 1 and shape.max_pages == engine.max_pages
     if engine.programs.step.store is not None:
         compile_shape(engine.programs, (engine.family, engine.cfg, engine.layout), abstract(engine.params),
-                      abstract(engine.state), shape, abstract_inputs(engine, shape),
-                      halves=_warms_halves(engine) and shape.steps == 1 and shape.max_pages == engine.max_pages)
+                      abstract(engine.state), shape, abstract_inputs(engine, shape), halves=halves)
     engine._run(StepPlan(), shape)
-    if _warms_halves(engine) and shape.steps == 1 and shape.max_pages == engine.max_pages:
+    if halves:
         engine._run_sample(StepPlan(), shape, engine._run_forward(StepPlan(), shape))
 
 

@@ -104,7 +104,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--compile-cache", default=os.environ.get("DEEPINFER_COMPILE_CACHE", "auto"),
                    help="JAX persistent compilation cache folder ('auto': <DEEPINFER_CACHE or ~/.cache/deepinfer>/jax; "
                    "'off' to disable); a warm cache makes restarts skip compilation, and the step programs "
-                        "saved in its deepinfer-programs/ skip tracing too")
+                   "saved in its deepinfer-programs/ skip tracing too")
     p.add_argument("--platform", default=os.environ.get("DEEPINFER_PLATFORM"),
                    help="devices to run on: cpu, gpu, or a PJRT plugin platform such as npu (Ascend; "
                    "docs/platforms.md); default: JAX's choice")
