@@ -15,6 +15,8 @@ import os
 import sys
 import time
 
+from deepinfer.serve import multi_process
+
 log = logging.getLogger("deepinfer.serve")
 
 
@@ -115,6 +117,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--ui", action=argparse.BooleanOptionalAction, default=None,
                    help="serve a web page at / (chat playground + live engine dashboard); default: on when "
                         "--host is a loopback address (127.0.0.1, localhost, ::1), off otherwise")
+    multi_process.add_arguments(p)
     return p.parse_args(argv)
 
 
@@ -312,11 +315,18 @@ def main(argv: list[str] | None = None) -> int:
     from deepinfer.serve.shutdown import FLUSH_S, DrainingServer
 
     try:
+        multi_process.check(args)
+        multi_process.initialize(args)  # several processes: JAX's distributed runtime first
         select_platform(args.platform, args.pjrt_plugin)  # before anything touches a device
         state = build_state(args)
     except (OSError, ValueError, RuntimeError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    if args.node_rank > 0:  # a follower: no HTTP, the leader's turns
+        status = multi_process.follow(state)
+        multi_process.shutdown(args)
+        return status
+    leader = multi_process.lead(state) if args.nnodes > 1 else None
 
     @contextlib.asynccontextmanager
     async def lifespan(app):
@@ -337,6 +347,9 @@ def main(argv: list[str] | None = None) -> int:
         yield
         log.info("shutting down: stopping the engine loop")
         state.engine.stop()
+        if leader is not None and not state.engine.alive:
+            leader.close()  # the followers stop too
+            multi_process.shutdown(args)  # here: uvicorn re-raises the signal that stopped it once it returns
         if args.prefix_cache_dir is not None and not state.engine.alive:
             _save_prefix_cache(state.engine.engine, args.prefix_cache_dir)
 
