@@ -16,7 +16,8 @@ from deepinfer.default_model import default_model_dir
 from deepinfer.engine_config import EngineConfig
 from deepinfer.models.deepseek_v4.loader import load_checkpoint
 from deepinfer.runtime.engine import LLMEngine
-from deepinfer.runtime.lockstep import LeaderEngine, TurnChannel, follow
+from deepinfer.runtime.lockstep import LeaderEngine, follow
+from deepinfer.runtime.turn_channel import TurnChannel
 from deepinfer.scheduler.buckets import rows_for
 from deepinfer.scheduler.sampling_params import SamplingParams
 from deepinfer.scheduler.step_cost import StepCostModel
@@ -38,8 +39,9 @@ class FakeStore:
             raise RuntimeError("DEADLINE_EXCEEDED: nothing under " + key)
         return self.kv[key]
 
-    def key_value_delete(self, key):
-        del self.kv[key]
+    def key_value_delete(self, key):  # the key and everything under it as a directory
+        for k in [k for k in self.kv if k == key or k.startswith(key + "/")]:
+            del self.kv[k]
 
 
 CONFIG = EngineConfig(max_num_seqs=4, max_num_batched_tokens=32, max_model_len=192, token_buckets=(8, 32),
@@ -106,7 +108,7 @@ def test_a_follower_replays_the_leaders_turns_exactly(model):
     assert a.num_draft_tokens > 0 and (a.num_drafts, a.num_draft_tokens, a.num_accepted_tokens) == (
         b.num_drafts, b.num_draft_tokens, b.num_accepted_tokens)
     # every turn read was deleted (the store does not grow with the steps); the follower confirmed the stop
-    assert list(store.kv) == ["deepinfer/turn/stopped/1"] and store.sets == steps + 2
+    assert list(store.kv) == ["deepinfer/stopped/1"] and store.sets == steps + 2
 
 
 def test_a_follower_started_with_other_settings_is_refused_by_name(model):

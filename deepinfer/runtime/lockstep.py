@@ -21,64 +21,9 @@ from __future__ import annotations
 import logging
 import pickle
 
+from deepinfer.runtime.turn_channel import TurnChannel
+
 log = logging.getLogger("deepinfer.lockstep")
-
-PREFIX = "deepinfer/turn"
-POLL_MS = 5_000  # a follower's wait for the next turn, repeated while the server idles
-
-
-class TurnChannel:
-    """Turns from process 0 to the others through the coordination service's key-value store:
-    turn n goes to ``deepinfer/turn/<n>/<process>``, one key per follower, which deletes its key
-    once read (the store does not grow with the number of steps)."""
-
-    def __init__(self, client, process_index: int, process_count: int):
-        self.client, self.index, self.count = client, process_index, process_count
-        self.sent = self.received = 0
-
-    @classmethod
-    def from_jax(cls) -> "TurnChannel":
-        import jax
-        from jax._src import distributed  # the client jax.distributed.initialize made (no public accessor)
-
-        client = distributed.global_state.client
-        if client is None or jax.process_count() < 2:
-            raise RuntimeError("the lockstep channel needs jax.distributed.initialize(...) with 2 or more processes")
-        return cls(client, jax.process_index(), jax.process_count())
-
-    def publish(self, turn: list) -> None:
-        payload = pickle.dumps(turn, protocol=pickle.HIGHEST_PROTOCOL)
-        for process in range(1, self.count):
-            self.client.key_value_set_bytes(f"{PREFIX}/{self.sent}/{process}", payload)
-        self.sent += 1
-
-    def receive(self) -> list:
-        """The next turn, waiting as long as it takes (the leader's failure ends this process: the
-        coordination service lives in process 0)."""
-        key = f"{PREFIX}/{self.received}/{self.index}"
-        while True:
-            try:
-                payload = self.client.blocking_key_value_get_bytes(key, POLL_MS)
-                break
-            except Exception as e:  # noqa: BLE001 - the binding raises its runtime error type
-                if "DEADLINE_EXCEEDED" not in str(e):
-                    raise
-        self.client.key_value_delete(key)
-        self.received += 1
-        return pickle.loads(payload)
-
-    def acknowledge_stop(self) -> None:
-        """A follower has its last turn: the leader may now take the coordination service down."""
-        self.client.key_value_set_bytes(f"{PREFIX}/stopped/{self.index}", b"1")
-
-    def wait_stopped(self, timeout_s: float = 60.0) -> None:
-        """The leader, after its stop turn: wait until every follower has read it (a follower still
-        talking to the service when process 0 exits is killed by JAX with a fatal error)."""
-        for process in range(1, self.count):
-            try:
-                self.client.blocking_key_value_get_bytes(f"{PREFIX}/stopped/{process}", int(timeout_s * 1000))
-            except Exception as e:  # noqa: BLE001
-                log.warning("lockstep: process %d did not confirm the stop within %g s: %s", process, timeout_s, e)
 
 
 class LeaderEngine:
@@ -123,7 +68,7 @@ class LeaderEngine:
     def close(self) -> None:
         """Tell the followers to stop (after the last step; what is still running is dropped)."""
         self._publish([("stop",)])
-        self._channel.wait_stopped()
+        self._channel.wait_stopped()  # (writes what is queued first)
 
     def _publish(self, tail: list) -> None:
         ops, self._ops = self._ops, []

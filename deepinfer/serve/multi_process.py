@@ -63,7 +63,8 @@ def initialize(args: argparse.Namespace) -> None:
 
 def lead(state):
     """Rank 0: its engine thread publishes every turn. Returns the LeaderEngine (close() it on shutdown)."""
-    from deepinfer.runtime.lockstep import LeaderEngine, TurnChannel
+    from deepinfer.runtime.lockstep import LeaderEngine
+    from deepinfer.runtime.turn_channel import TurnChannel
 
     leader = LeaderEngine(state.engine.engine, TurnChannel.from_jax())
     state.engine.engine = leader
@@ -72,7 +73,8 @@ def lead(state):
 
 def follow(state) -> int:
     """Ranks 1..: repeat the leader's turns until it stops. Returns the exit status."""
-    from deepinfer.runtime.lockstep import TurnChannel, follow
+    from deepinfer.runtime.lockstep import follow
+    from deepinfer.runtime.turn_channel import TurnChannel
 
     log.info("following rank 0 (no HTTP on this rank)")
     steps = follow(state.engine.engine, TurnChannel.from_jax())
