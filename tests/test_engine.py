@@ -103,6 +103,7 @@ def test_requests_are_served_while_programs_compile_in_the_background(reference_
     engine = LLMEngine(case.cfg, case.params, EngineConfig(max_num_batched_tokens=32, **kw))
     assert engine.warmup(background=True) == 1
     assert engine.warming is not None and engine.scheduler.token_budget == 8  # (8 tokens, 8 rows) first
+    assert engine.stats().programs_compiling == (2, 32)  # what /debug/engine reports as still compiling
     steps = []
     schedule = engine.scheduler.schedule
 

@@ -103,5 +103,5 @@ def engine_stats(engine) -> EngineStats:
         num_steps=engine.num_steps,
         num_decode_bursts=engine.num_decode_bursts,
         programs_ready=engine.ready_token_buckets(),
-        programs_compiling=tuple(engine.warming.pending) if engine.warming is not None else (),
+        programs_compiling=engine.warming.compiling_tokens() if engine.warming is not None else (),
     )

@@ -194,7 +194,7 @@ class BackgroundWarmup:
         self._ready = [first.num_tokens]
         self.ready_shapes: set[PlanShape] = set()  # the narrower block tables' programs compiled so far
         self._full_width = first.max_pages
-        self.pending = [s.num_tokens for s in rest]
+        self.pending: list[PlanShape] = list(rest)  # shapes not compiled yet, in compile order
         self.error: BaseException | None = None
         self.compile_s = 0.0
         self.then = None  # called on the worker once everything compiled (more start-up work, e.g. grammar)
@@ -232,7 +232,7 @@ class BackgroundWarmup:
                     self.ready_shapes.add(shape)  # (context_widths.narrowed reads it)
                 elif shape.steps == 1:  # a token bucket the engine may dispatch now (bursts wait for all)
                     self._ready.append(shape.num_tokens)
-                self.pending.remove(shape.num_tokens)
+                self.pending.remove(shape)
                 log.info("warm-up: step program for %d tokens x %d rows%s%s ready (%d still compiling)",
                          shape.num_tokens, shape.num_rows, f" x {shape.steps} steps" if shape.steps > 1 else "",
                          f", block tables {shape.max_pages} pages" if shape.max_pages != self._full_width else "",
@@ -254,6 +254,16 @@ class BackgroundWarmup:
                 log.info("warm-up: all step programs ready (%.1f s in the background)", self.compile_s)
                 if self.then is not None:
                     self.then()
+
+    def compiling_tokens(self) -> tuple[int, ...]:
+        """Token buckets not usable yet: their full-width, one-step program is still pending (a
+        bucket's narrower tables and bursts only make it faster once ready)."""
+        return tuple(sorted({s.num_tokens for s in self.pending if s.max_pages == self._full_width and s.steps == 1}))
+
+    def describe_pending(self) -> list[str]:
+        """The programs still to compile, one phrase each (for the start-up log)."""
+        return [f"{s.num_tokens}" + (f"x{s.steps} steps" if s.steps > 1 else "")
+                + (f" ({s.max_pages}-page tables)" if s.max_pages != self._full_width else "") for s in self.pending]
 
     def ready_tokens(self) -> tuple[int, ...]:
         """Token buckets whose programs are compiled (a snapshot: the list only grows)."""

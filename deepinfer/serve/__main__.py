@@ -255,7 +255,8 @@ def build_state(args: argparse.Namespace):
              len(engine.compiled_shapes), time.perf_counter() - t1,
              f" ({store.loaded} programs loaded from the store)" if store is not None and store.loaded else "",
              list(engine.token_buckets), list(engine.row_buckets),
-             f"; still compiling in the background: {list(engine.warming.pending)}" if engine.warming else "")
+             f"; still compiling in the background (tokens): {', '.join(engine.warming.describe_pending())}"
+             if engine.warming else "")
     if args.prefix_cache_dir is not None:
         _load_saved_prefix_cache(engine, args.prefix_cache_dir)
     metrics = ServerMetrics(name)
