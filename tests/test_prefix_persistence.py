@@ -135,3 +135,27 @@ def test_server_keeps_its_prefix_cache_across_a_restart(tmp_path):
     assert "prefix cache: loaded" in server.log()
     assert answers[0][1] == 0 and answers[1][1] > 0
     assert answers[0][0] == answers[1][0]
+
+
+def test_a_data_parallel_cache_is_saved_per_rank_and_hits_on_its_rank_after_a_restart(tmp_path):
+    """DP2 on 2 fake devices (tests/prefix_persistence_dp_run.py, a subprocess): each rank's blocks are
+    saved and loaded back onto that rank, so a restarted engine places and hits a prompt as the engine
+    that never restarted does, with the same tokens; a one-rank engine refuses the file by name."""
+    import os
+    import subprocess
+    import sys
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAX_PLATFORMS")}
+    done = subprocess.run([sys.executable, "-m", "tests.prefix_persistence_dp_run", str(tmp_path / "cache")], cwd=root,
+                          env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-4000:]
+    r = json.loads(next(line[7:] for line in done.stdout.splitlines() if line.startswith("RESULT ")))
+    assert sorted(x["rank"] for x in r["cold"]) == [0, 1] and all(x["cached"] == 0 for x in r["cold"])
+    assert r["loaded"] == r["summary"] and r["summary"]["blocks"] >= 8
+    # the restarted engine places each prompt on the rank holding its prefix and hits it as far
+    assert [x["rank"] for x in r["after"]] == [x["rank"] for x in r["continued"]] == [x["rank"] for x in r["cold"]]
+    assert [x["cached"] for x in r["after"]] == [x["cached"] for x in r["continued"]]
+    assert all(x["cached"] >= 48 for x in r["after"])  # (70 and 60 tokens shared)
+    assert [x["tokens"] for x in r["after"]] == [x["tokens"] for x in r["continued"]]
+    assert "data_parallel_size was 2, is 1" in r["refusal"]

@@ -9,7 +9,12 @@ requests on a warm cache (``--prefix-cache-dir``).
 A cache is only valid for the weights and the layout it was computed with, so the file carries
 a fingerprint of both, and loading refuses, naming what differs, when the engine differs: another
 model or other weights (config plus a strided sample of every parameter), another page size,
-pool or store shape, block size, replay mode or drafter.
+pool or store shape, block size, replay mode, drafter or number of data-parallel ranks.
+
+Under attention data-parallel every rank has a prefix cache of its own over its share of the pools
+and of the snapshot store, naming its rank-local page and entry ids (scheduler/data_parallel.py):
+the file keeps one block list per rank (``ranks``), and as the arrays are saved and restored whole
+over the same ranks, each rank's ids name the same rows again.
 """
 
 from __future__ import annotations
@@ -54,6 +59,7 @@ def _layout(engine) -> dict[str, Any]:
         "mode": s.mode,
         "num_snapshots": s.num_snapshots,
         "drafting": s.drafting,
+        "data_parallel_size": engine.ranks,
         "pools": [[list(x.shape), str(x.dtype)] for x in pools],
         "store": [[list(x.shape), str(x.dtype)] for x in store],
     }
@@ -66,12 +72,15 @@ def _arrays(engine) -> tuple[list[jax.Array], list[jax.Array]]:
     return [x for x, k in zip(leaves, kinds) if k not in ("slot", "count")], list(engine.prefix.store)
 
 
+def _caches(engine) -> list:
+    """The host prefix caches: one, or one per data-parallel rank."""
+    sched = engine.scheduler
+    return [rank.cache for rank in sched.ranks] if engine.ranks > 1 else [sched.cache]
+
+
 def _require(engine) -> None:
     if engine.prefix is None:
         raise ValueError("prefix caching is off in this engine")
-    if engine.ranks > 1:
-        raise ValueError(f"saving or loading the prefix cache is not built for attention data-parallel "
-                         f"({engine.ranks} ranks)")
     if engine.has_unfinished:
         raise RuntimeError("the prefix cache can only be saved or loaded while the engine is idle")
 
@@ -82,7 +91,7 @@ def save_prefix_cache(engine, directory: str | os.PathLike) -> dict[str, int]:
 
     _require(engine)
     engine.step()  # an idle step dispatches the snapshots queued by requests that just finished
-    blocks = export_blocks(engine.scheduler.cache)
+    ranks = [export_blocks(cache) for cache in _caches(engine)]
     pools, store = _arrays(engine)
     directory = os.fspath(directory)
     tmp = directory + ".saving"
@@ -94,15 +103,17 @@ def save_prefix_cache(engine, directory: str | os.PathLike) -> dict[str, int]:
     finally:
         checkpointer.close()
     host = {"format": FORMAT, "version": VERSION, "weights": weights_fingerprint(engine.cfg, engine.params),
-            "layout": _layout(engine), "blocks": blocks}
+            "layout": _layout(engine)}
+    host.update({"ranks": ranks} if len(ranks) > 1 else {"blocks": ranks[0]})
     with open(os.path.join(tmp, HOST_FILE), "w", encoding="utf-8") as f:
         json.dump(host, f)
     shutil.rmtree(directory, ignore_errors=True)
     os.replace(tmp, directory)
-    return _summary(blocks)
+    return _summary(ranks)
 
 
-def _summary(blocks: list[dict]) -> dict[str, int]:
+def _summary(ranks: list[list[dict]]) -> dict[str, int]:
+    blocks = [b for rank in ranks for b in rank]
     return {"blocks": len(blocks), "tokens": sum(len(b["tokens"]) for b in blocks),
             "snapshots": sum(b["snapshot"] is not None for b in blocks)}
 
@@ -125,9 +136,10 @@ def load_prefix_cache(engine, directory: str | os.PathLike) -> dict[str, int]:
     if host["weights"] != weights_fingerprint(engine.cfg, engine.params):
         raise ValueError(f"{path} was saved with other model weights; its cached rows would be wrong here")
     now = _layout(engine)
+    saved = {"data_parallel_size": 1, **host["layout"]}  # (files from before data parallelism have one rank)
     for key, value in now.items():
-        if host["layout"].get(key) != value:
-            raise ValueError(f"{path} does not fit this engine: {key} was {host['layout'].get(key)}, is {value}")
+        if saved.get(key) != value:
+            raise ValueError(f"{path} does not fit this engine: {key} was {saved.get(key)}, is {value}")
     pools, store = _arrays(engine)
     target = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), {"pools": pools, "store": store})
     checkpointer = ocp.Checkpointer(ocp.PyTreeCheckpointHandler())
@@ -140,11 +152,13 @@ def load_prefix_cache(engine, directory: str | os.PathLike) -> dict[str, int]:
         raise ValueError(f"{directory}: the saved prefix cache's arrays cannot be read ({type(e).__name__})") from e
     finally:
         checkpointer.close()
-    import_blocks(engine.scheduler.cache, host["blocks"])
+    ranks = host["ranks"] if "ranks" in host else [host["blocks"]]
+    for cache, blocks in zip(_caches(engine), ranks):
+        import_blocks(cache, blocks)
     leaves, treedef = jax.tree.flatten(engine.state.model)
     kinds = leaf_kinds(engine.family, engine.cfg, engine.layout)
     it = iter(restored["pools"])
     leaves = [next(it) if k not in ("slot", "count") else x for x, k in zip(leaves, kinds)]
     engine.state = engine.state.replace(model=jax.tree.unflatten(treedef, leaves))
     engine.prefix.store = list(restored["store"])
-    return _summary(host["blocks"])
+    return _summary(ranks)
