@@ -83,7 +83,8 @@ def test_a_background_warm_up_serves_narrow_only_once_compiled_and_batch_invaria
     assert context_widths.narrowed(bi, _plan((1, 1)), shape) == shape
 
 
-@pytest.mark.parametrize("mode", list(MODES))
+# bursts with narrow tables (opt-in bursts, ~45 s) with `pytest -m slow -k narrow_tables_give` (suite time)
+@pytest.mark.parametrize("mode", [m if m != "bursts" else pytest.param(m, marks=pytest.mark.slow) for m in MODES])
 def test_narrow_tables_give_each_request_its_tokens(mode, reference_streams):
     case = load_case("mixed")
     prompts, expected = reference_streams

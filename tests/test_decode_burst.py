@@ -134,6 +134,7 @@ def _batch_invariant_check() -> None:
     print("BITWISE OK")
 
 
+@pytest.mark.slow  # ~35 s (`pytest -m slow -k batch_invariant_mode_bursts`): suite time
 def test_batch_invariant_mode_bursts_give_each_request_its_tokens_alone():
     run_batch_invariant("tests.test_decode_burst", "_batch_invariant_check")
 

@@ -30,8 +30,9 @@ def two_ranks(tmp_path_factory):
     coordinator, port = free_port(), free_port()
     env = {**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": "--xla_force_host_platform_device_count=2",
            "DEEPINFER_CACHE": str(root / "cache")}
-    # the bundled server's settings on a mesh; one block-table width keeps the full warm-up at 3 programs
-    args = [*BUNDLED_SERVER_ARGS, "--context-buckets", "none", "--compile-cache", "off", "--no-ui",
+    # the bundled server's settings on a mesh, but one program (a full warm-up: 64-token steps, one
+    # block-table width) to keep the start short
+    args = [*BUNDLED_SERVER_ARGS, "--token-buckets", "64", "--context-buckets", "none", "--compile-cache", "off", "--no-ui",
             "-tp", "4", "--enable-expert-parallel", "--nnodes", "2", "--dist-init-addr", f"127.0.0.1:{coordinator}"]
     logs = [str(root / f"rank{r}.log") for r in (0, 1)]
     procs = []

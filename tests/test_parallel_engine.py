@@ -153,6 +153,7 @@ def test_server_refuses_a_layout_it_cannot_run_before_loading(capsys):
     assert "the layout needs 4 devices" in capsys.readouterr().err
 
 
+@pytest.mark.slow  # ~45 s; the lockstep server over 2 processes runs by default (tests/test_multiprocess_server.py)
 def test_two_processes_run_one_engine_equal_to_one_device():
     """jax.distributed on loopback: 2 processes x 4 fake CPU devices, one engine with tensor parallel 8 and
     expert parallel over all 8 devices (tests/multiprocess_run.py); every process gets the one-device streams."""
@@ -196,9 +197,11 @@ def test_eplb_placement_changes_between_steps_without_recompiling_or_changing_ou
     assert r["figures"]["after"] <= r["figures"]["before"]
 
 
+@pytest.mark.slow
 def test_data_parallel_decode_bursts_in_narrow_tables_equal_one_device():
     """Decode bursts of 2 steps and narrower block tables under DP2 + EP2: the one-device tokens (the
-    workload of the layouts above, its greedy and seeded requests), both used, nothing compiled later."""
+    workload of the layouts above, its greedy and seeded requests), both used, nothing compiled later
+    (~100 s; `pytest -m slow -k decode_bursts_in_narrow`)."""
     env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=2", JAX_PLATFORMS="cpu")
     proc = subprocess.run([sys.executable, "-m", "tests.parallel_run", "bursts"], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=900)
