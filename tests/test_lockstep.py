@@ -73,7 +73,7 @@ def test_a_follower_replays_the_leaders_turns_exactly(model):
            SamplingParams(max_tokens=10, temperature=0.8, seed=3, ignore_eos=True),
            SamplingParams(max_tokens=30, temperature=0.0, ignore_eos=True),  # aborted after a few steps
            SamplingParams(max_tokens=12, temperature=0.0, logprobs=1),
-           SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)]  # arrives mid-run
+           SamplingParams(max_tokens=8, temperature=1.0, ignore_eos=True)]  # arrives mid-run, no seed of its own
     reqs = [leader.add_request(p, sp, request_id=f"r{i}") for i, (p, sp) in enumerate(zip(prompts[:4], sps))]
     calls = 0
     for step in range(40):

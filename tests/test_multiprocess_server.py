@@ -104,6 +104,9 @@ def test_a_stop_string_aborts_on_every_rank_and_a_bad_request_harms_nothing(two_
     chunks = [json.loads(line[6:]) for line in events.splitlines() if line.startswith("data: {")]
     streamed = "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks if c["choices"])
     assert streamed == text[:text.index(stop)] and chunks[-1]["choices"][0]["finish_reason"] == "stop"
+    # sampled without a seed: each engine would draw its own; the followers take rank 0's
+    status, body = _completion(base, "Once upon a time", temperature=1.0, n=2)
+    assert status == 200 and len(body["choices"]) == 2
     status, bad = _completion(base, "x", max_tokens=10**6)
     assert status == 400 and "max_model_len" in bad["error"]["message"]
     again = _completion(base, "The Python list")

@@ -18,6 +18,7 @@ everything before serving when it runs several processes.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import pickle
 
@@ -52,8 +53,10 @@ class LeaderEngine:
         req = self._engine.add_request(prompt_ids, sampling_params, request_id=request_id,
                                        compiled_grammar=compiled_grammar, **kwargs)
         # only what the engine took: a refused request is refused on every process alike
-        # (a constrained request's grammar is compiled again by each follower's engine from its params)
-        self._ops.append(("add", list(prompt_ids), sampling_params, req.request_id, kwargs))
+        # the seed it samples with: a request without one gets a random seed, which must be the leader's
+        # everywhere; a constrained request's grammar is compiled again by each follower from its params
+        sp = dataclasses.replace(req.sampling_params, seed=req.seed)
+        self._ops.append(("add", list(prompt_ids), sp, req.request_id, kwargs))
         return req
 
     def abort(self, req, reason: str = "abort"):
@@ -96,7 +99,11 @@ def follow(engine, channel: TurnChannel) -> int:
                     del live[rid]
             elif kind == "add":
                 _, prompt, sp, rid, kwargs = op
-                live[rid] = engine.add_request(prompt, sp, request_id=rid, **kwargs)
+                grammar = None
+                if sp.structured_outputs is not None and engine.grammar is not None:
+                    # however long it takes: the leader compiled it (a time limit here would break lockstep)
+                    grammar = engine.grammar.submit(sp.structured_outputs).result()
+                live[rid] = engine.add_request(prompt, sp, request_id=rid, compiled_grammar=grammar, **kwargs)
             elif kind == "abort":
                 req = live.pop(op[1], None)
                 if req is not None and not req.is_finished:
