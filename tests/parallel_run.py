@@ -65,7 +65,7 @@ def run(cfg, params, layout: dict) -> dict:
 
 def data_parallel_followup(engine, prompts, sps, reqs) -> dict:
     """Attention data-parallel: the prefix-sharing prompt again once the workload is done goes to the rank
-    whose cache holds its prefix (requests placed at arrival could not know) and hits there."""
+    whose cache holds its prefix (not the least-loaded rank) and hits there."""
     hits = engine.stats().prefix_hits
     req = engine.add_request(prompts[6], sps[6], request_id="again")
     engine.run_until_done()

@@ -100,3 +100,30 @@ def test_each_rank_is_packed_alone_with_its_local_ids_and_the_rows_order_maps_ba
     assert inputs.rows[:3].tolist() == [0, 1, 2] and np.asarray(plan.output_rows).tolist() == inputs.rows.tolist()
     # its tokens: rank 0's five, then rank 1's from offset T
     assert inputs.tokens[:10].tolist() == [0, 1, 2, 3, 4, 8, 9, 10, 11, 12]
+
+
+def test_a_prompt_goes_where_its_prefix_is_in_flight_unless_that_rank_is_much_busier():
+    """Cache-aware placement before anything is cached: a prompt sharing whole blocks with a request
+    queued on a rank goes there (its blocks will be cached there), not to the idle rank, until that rank
+    holds num_slots // 2 more requests than the least busy; other tenants' prompts do not count."""
+    from deepinfer.scheduler.prefix_cache import CacheSettings
+
+    config = SchedulerConfig(4, 64, 64, 4, POOLS, (1,), prefix_cache=CacheSettings(block_size=8, checkpoint_interval=16,
+                                                                                     num_snapshots=4))
+    s = DataParallelScheduler(config, 2)
+    system = list(range(100, 124))  # three whole blocks
+
+    def ask(rid, tail, salt=None):
+        r = Request(rid, system + tail, SamplingParams(max_tokens=2, ignore_eos=True), cache_salt=salt)
+        s.add_request(r)
+        return r.dp_rank
+
+    assert ask("a", [1, 2, 3]) == 0
+    assert ask("c", [4, 5]) == 0  # by load alone it would go to idle rank 1
+    assert ask("e", [6]) == 0  # rank 0 holds 2 more than rank 1: still within num_slots // 2 = 2
+    assert ask("f", [7]) == 1  # 3 more would be too many: the least busy rank takes it
+    assert ask("g", [8]) == 1  # both ranks have the prefix in flight now: the less busy one
+    assert ask("t", [9], salt="tenant") == 1  # another tenant shares nothing: by load (2 against 3)
+    unrelated = Request("u", list(range(200, 230)), SamplingParams(max_tokens=2, ignore_eos=True))
+    s.add_request(unrelated)
+    assert unrelated.dp_rank == 0  # loads 3 and 3: the lowest rank

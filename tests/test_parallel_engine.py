@@ -76,20 +76,23 @@ def test_layout_equals_one_device(parallel_runs, i):
     assert run["logits_max_abs_diff"] < 1e-4 * base["logits_scale"], run["logits_max_abs_diff"]
     assert run["compiles_after_warmup"] == 0
     if ranks(run["layout"]) <= 2:
-        # (4 or 8 ranks: the 7 requests spread to at most 2 a rank, which its pools hold; and the prefix's
-        # owner is still prefilling it when the request sharing it arrives and is placed)
+        # (4 or 8 ranks: the 7 requests spread to at most 2 a rank, which its pools hold; and the request
+        # sharing the prefix, on its owner's rank, is admitted while the owner is still prefilling it)
         assert run["preemptions"] > 0 and run["prefix_hits"] > 0
 
 
 @pytest.mark.parametrize("i", [i for i, x in enumerate(LAYOUTS, 1) if ranks(x) > 1],
                          ids=[json.dumps(x) for x in LAYOUTS if ranks(x) > 1])
 def test_data_parallel_places_a_request_where_its_prefix_is_cached(parallel_runs, i):
-    """Requests spread over the ranks (least loaded first); once the workload is done, the prompt that
-    shares the longest one's prefix comes again and goes to the rank whose cache holds it (not the
-    first idle rank), hits there and gives the one-device tokens."""
+    """Requests spread over the ranks (least loaded first), but the prompt sharing the longest one's prefix
+    joins that one's rank while it is still in flight; once the workload is done, it comes again and goes
+    to the rank whose cache holds its prefix (not the first idle rank), hits there and gives the
+    one-device tokens."""
     run, base = parallel_runs[0][i], parallel_runs[0][0]
     followup = run["followup"]
-    assert sorted(set(followup["ranks"])) == list(range(min(ranks(run["layout"]), len(followup["ranks"]))))
+    placed = followup["ranks"]
+    assert sorted(set(placed[:6])) == list(range(min(ranks(run["layout"]), 6)))
+    assert placed[6] == placed[3]  # (request 3 owns the shared prefix)
     assert followup["rank"] == followup["first_rank"] and followup["hit"] >= 32
     assert followup["tokens"] == base["tokens"][6]
     if ranks(run["layout"]) > 2:

@@ -70,13 +70,26 @@ class DataParallelScheduler:
         self.ranks[req.dp_rank].add_request(req)
 
     def place(self, req) -> int:
-        """The rank with the longest prefix-cache hit for req, then the fewest requests, then the lowest."""
+        """Where req goes (SGLang's cache-aware routing with its balance guard, in one process). Among
+        the ranks holding at most ``num_slots // 2`` requests more than the least busy one (a prefix
+        hit saves one prefill; a queue longer by half a batch costs every request in it more), the
+        rank with the longest prefix of req cached, or in flight: a request queued or running there
+        whose prompt starts with the same whole blocks (its blocks are cached once it is prefilled,
+        so req and its followers meet them on that rank); then the longer cached part, then the
+        fewest requests, then the lowest rank."""
+        loads = [len(rank.running) + len(rank.waiting) for rank in self.ranks]
+        slack = max(1, self.config.num_slots // 2)
+        eligible = [i for i, load in enumerate(loads) if load <= min(loads) + slack]
+
         def score(i):
             rank = self.ranks[i]
-            hit = prefix_steps.peek(rank.cache, req) if rank.cache is not None else 0
-            return -hit, len(rank.running) + len(rank.waiting), i
+            if rank.cache is None:
+                return 0, 0, loads[i], i
+            cached = prefix_steps.peek(rank.cache, req)
+            flight = _shared_in_flight(req, [*rank.running, *rank.waiting], rank.cache.settings.block_size)
+            return -max(cached, flight), -cached, loads[i], i
 
-        return min(range(len(self.ranks)), key=score)
+        return min(eligible, key=score)
 
     def abort(self, req, reason: str = "abort") -> None:
         self.ranks[req.dp_rank].abort(req, reason)
@@ -169,3 +182,19 @@ class DataParallelScheduler:
     def reset_cache(self) -> None:
         for rank in self.ranks:
             rank.reset_cache()
+
+
+def _shared_in_flight(req, others, block_size: int) -> int:
+    """The longest run of whole blocks that req's prompt shares with the prompt of one of ``others``
+    (same cache salt only: tenants share nothing)."""
+    prompt, best = req.prompt_token_ids, 0
+    for other in others:
+        if other.cache_salt != req.cache_salt:
+            continue
+        theirs = other.prompt_token_ids
+        n = 0
+        limit = min(len(prompt), len(theirs))
+        while n < limit and prompt[n] == theirs[n]:
+            n += 1
+        best = max(best, n // block_size * block_size)
+    return best
