@@ -40,6 +40,9 @@ def main(process_id: int, port: int) -> None:
     prompts = [rng.integers(3, cfg.vocab_size, n).tolist() for n in (5, 37, 12, 50)]
     sps = [SamplingParams(max_tokens=8, temperature=0.0 if i % 2 == 0 else 0.9, seed=i, ignore_eos=True)
            for i in range(len(prompts))]
+    # sampled without a seed: each process would draw its own (runtime/process_agreement.py)
+    prompts.append(rng.integers(3, cfg.vocab_size, 7).tolist())
+    sps.append(SamplingParams(max_tokens=8, temperature=1.0, ignore_eos=True))
     common = dict(max_num_seqs=4, max_num_batched_tokens=32, max_model_len=128, page_size=4, token_buckets=(8, 32))
 
     def streams(config: EngineConfig) -> list[list[int]]:

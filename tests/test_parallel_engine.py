@@ -178,8 +178,9 @@ def test_two_processes_run_one_engine_equal_to_one_device():
     results = [json.loads(line[len("RESULT "):]) for out, _ in outs for line in out.splitlines()
                if line.startswith("RESULT ")]
     assert [(r["process"], r["processes"], r["devices"]) for r in results] == [(0, 2, 8), (1, 2, 8)]
-    assert results[0]["mesh"] == results[0]["alone"] == results[1]["mesh"]
-    assert [len(t) for t in results[0]["mesh"]] == [8, 8, 8, 8]
+    assert results[0]["mesh"] == results[1]["mesh"]  # every request, the unseeded one too: one agreed seed
+    assert results[0]["mesh"][:4] == results[0]["alone"][:4]  # (the engine alone drew another seed for the 5th)
+    assert [len(t) for t in results[0]["mesh"]] == [8, 8, 8, 8, 8]
 
 
 def test_eplb_placement_changes_between_steps_without_recompiling_or_changing_outputs(eplb_run):

@@ -39,7 +39,7 @@ from deepinfer.grammar.thinking_budget import ThinkingBudgetMatcher
 from deepinfer.kv.paged_state import init_engine_state
 from deepinfer.models.interface import ModelFamily, PagedLayout
 from deepinfer.models.registry import family_for
-from deepinfer.runtime import burst_dispatch, context_widths, data_parallel, recovery, warmup
+from deepinfer.runtime import burst_dispatch, context_widths, data_parallel, process_agreement, recovery, warmup
 from deepinfer.runtime.batch_invariance import check_xla
 from deepinfer.runtime.compile_guard import CompileCounter
 from deepinfer.runtime.engine_stats import EngineStats, engine_stats, kv_usage
@@ -131,6 +131,7 @@ class LLMEngine:
         self.idle.set()
         self.num_compiles = 0
         self._seeds: dict[str, int] = {}
+        self._seed_source = process_agreement.SeedSource()  # (several processes: one seed for a request without one)
         self._ids = itertools.count()
         self.num_steps, self.num_decode_bursts = 0, 0  # model steps dispatched (a burst counts its steps)
         self._inflight: tuple | None = None  # (plan, device outputs) of the step not yet read
@@ -180,7 +181,7 @@ class LLMEngine:
             req.grammar = RequestGrammar(matcher, kind)
         self.scheduler.add_request(req)
         self.idle.clear()
-        self._seeds[rid] = sp.resolved_seed()
+        self._seeds[rid] = self._seed_source(sp, rid)
         req.seed = self._seeds[rid]
         return req
 

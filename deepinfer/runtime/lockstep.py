@@ -37,6 +37,7 @@ class LeaderEngine:
         self._ops: list = [("layout", layout_text(engine))]
         cost = engine.scheduler.step_cost
         if hasattr(cost, "observe"):  # confidence scheduling: the followers plan with this model, not their own
+            cost.frozen = False  # refined by the leader's step times, which every follower gets too
             self._ops.append(("step_cost", pickle.dumps(cost)))
             observe = cost.observe
 

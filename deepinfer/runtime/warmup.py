@@ -16,6 +16,7 @@ from deepinfer.runtime.ahead_of_time import abstract
 from deepinfer.runtime.data_parallel import packed_inputs
 from deepinfer.runtime.step_program import abstract_inputs
 from deepinfer.scheduler.plan import PlanShape, row_field_at
+from deepinfer.runtime.process_agreement import agreed_costs
 from deepinfer.scheduler.step_cost import StepCostModel
 from deepinfer.scheduler.step_plan import StepPlan
 
@@ -74,7 +75,9 @@ def warm_up(engine, progress=None, background: bool = False, begin: bool = True)
         if progress is not None:
             progress(1)
     if costs:
+        costs, frozen = agreed_costs(costs)  # several processes: process 0's figures, not refined
         engine.scheduler.step_cost = cost_model(engine, costs)
+        engine.scheduler.step_cost.frozen = frozen
     if engine.prefix is not None:
         engine.prefix.warmup()
     if engine.step_timer is not None:  # warm-up steps are not serving steps

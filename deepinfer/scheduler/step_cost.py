@@ -36,6 +36,10 @@ class StepCostModel:
         self._worst = max(warm.values()) if warm else 1.0
         self._mean: dict[tuple, float] = {}
         self._seen: dict[tuple, int] = {}
+        # several processes running one engine plan alike only from figures they share: there the model
+        # keeps the warm-up figures process 0 measured (runtime/process_agreement.py) unless the
+        # lockstep server ships process 0's observations (runtime/lockstep.py)
+        self.frozen = False
         self._scale = {False: 1.0, True: 1.0}  # scale(kind) as of the last observation (recomputed only then)
 
     def key(self, n_tokens: int, n_rows: int, depth: int, width: int = 1) -> tuple[int, int, int, int]:
@@ -66,7 +70,9 @@ class StepCostModel:
         return self.warm_estimate(key) * self._scale[self.speculative(key)]
 
     def observe(self, key: tuple[int, int, int, int], seconds: float) -> None:
-        """One step of this key took ``seconds`` in the loop."""
+        """One step of this key took ``seconds`` in the loop (ignored when ``frozen``)."""
+        if self.frozen:
+            return
         n = self._seen.get(key, 0)
         self._mean[key] = seconds if n == 0 else (1 - SMOOTHING) * self._mean[key] + SMOOTHING * seconds
         self._seen[key] = n + 1
