@@ -9,9 +9,9 @@ engine, which then schedules and packs exactly what the leader's does. This is S
 multi-node layout (non-zero ranks run the scheduler, not the server), with the broadcast done by
 JAX's own coordination service (its key-value store) rather than a second network channel.
 
-Two things the engine decides from the clock are shipped with the turns instead, because each
-process would measure its own: confidence-scheduled speculation's step-cost model (warm-up
-timings, then each step's observed duration) — the followers get the leader's. Background
+What each process would choose alone is shipped with the turns: the seed a request without one
+samples with, and confidence-scheduled speculation's step-cost model (warm-up timings, then each
+step's observed duration), so the followers plan with the leader's clock, not their own. Background
 warm-up (programs used as each finishes compiling) is not lockstep-safe; the server compiles
 everything before serving when it runs several processes.
 """
@@ -53,9 +53,9 @@ class LeaderEngine:
     def add_request(self, prompt_ids, sampling_params, request_id=None, compiled_grammar=None, **kwargs):
         req = self._engine.add_request(prompt_ids, sampling_params, request_id=request_id,
                                        compiled_grammar=compiled_grammar, **kwargs)
-        # only what the engine took: a refused request is refused on every process alike
-        # the seed it samples with: a request without one gets a random seed, which must be the leader's
-        # everywhere; a constrained request's grammar is compiled again by each follower from its params
+        # only what the engine took (a refused request is refused on every process alike), with the seed
+        # it samples with (one the engine chose when the request had none); a constrained request's
+        # grammar is compiled again by each follower from its params
         sp = dataclasses.replace(req.sampling_params, seed=req.seed)
         self._ops.append(("add", list(prompt_ids), sp, req.request_id, kwargs))
         return req
