@@ -111,8 +111,12 @@ def test_greedy_streams_equal_speculation_off(bundled, k):
     assert stats.num_accepted_tokens == sum(r.num_accepted_tokens for r in reqs) == sum(stats.accepted_per_position)
     # the trained MTP head agrees with the model's next-next token often (0.71 on its validation split)
     assert stats.accepted_per_position[0] > 0.5 * stats.num_drafts
-    if k != "var":  # drafts were rejected at every position, and all accepted too
-        assert all(0 < rate < 1 for rate in stats.position_rates()[:k]), stats
+    if k != "var":  # drafts accepted at every position, and rejected at every position reached often
+        # (k = 5: the fifth position was reached once in this workload, and accepted; rejection at every
+        # position is test_rejection_at_every_draft_position_rolls_back_exactly's)
+        rates = stats.position_rates()[:k]
+        assert all(rate > 0 for rate in rates), stats
+        assert all(rate < 1 for rate, n in zip(rates, stats.reached_per_position) if n >= 4), stats
     # penalised, min_tokens and logprobs rows take drafts too
     assert reqs[5].num_draft_tokens > 0 and reqs[6].num_draft_tokens > 0 and reqs[7].num_draft_tokens > 0
     assert 1 not in reqs[6].output_token_ids[:10]
