@@ -131,8 +131,6 @@ def follow(engine, channel: TurnChannel) -> int:
 def layout_text(engine) -> str:
     """What must be equal on every process for their steps to match: the model's config (with the
     mesh) and the engine's (less where a process keeps its compiled programs)."""
-    import dataclasses
-
     return repr((engine.cfg, dataclasses.replace(engine.config, program_cache_dir=None)))
 
 

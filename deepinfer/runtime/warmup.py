@@ -14,9 +14,9 @@ import jax.numpy as jnp
 
 from deepinfer.runtime.ahead_of_time import abstract
 from deepinfer.runtime.data_parallel import packed_inputs
+from deepinfer.runtime.process_agreement import agreed_costs
 from deepinfer.runtime.step_program import abstract_inputs
 from deepinfer.scheduler.plan import PlanShape, row_field_at
-from deepinfer.runtime.process_agreement import agreed_costs
 from deepinfer.scheduler.step_cost import StepCostModel
 from deepinfer.scheduler.step_plan import StepPlan
 

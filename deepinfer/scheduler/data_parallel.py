@@ -19,6 +19,7 @@ import collections
 import dataclasses
 
 from deepinfer.scheduler import prefix_steps
+from deepinfer.scheduler.prefix_cache import common_prefix
 from deepinfer.scheduler.scheduler import Scheduler, SchedulerConfig
 from deepinfer.scheduler.speculation import SpecStats
 from deepinfer.scheduler.step_plan import StepPlan
@@ -191,10 +192,5 @@ def _shared_in_flight(req, others, block_size: int) -> int:
     for other in others:
         if other.cache_salt != req.cache_salt:
             continue
-        theirs = other.prompt_token_ids
-        n = 0
-        limit = min(len(prompt), len(theirs))
-        while n < limit and prompt[n] == theirs[n]:
-            n += 1
-        best = max(best, n // block_size * block_size)
+        best = max(best, common_prefix(prompt, other.prompt_token_ids) // block_size * block_size)
     return best

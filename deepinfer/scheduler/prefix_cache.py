@@ -90,7 +90,8 @@ class CacheSettings:
     drafting: bool = False  # the slot state has an MTP ring that lags one token
 
 
-def _common_prefix(a: tuple, b: list) -> int:
+def common_prefix(a, b) -> int:
+    """How many leading tokens the two sequences share."""
     n = min(len(a), len(b))
     i = 0
     while i < n and a[i] == b[i]:
@@ -164,7 +165,7 @@ class PrefixCache:
         for child in self._children(parent, root).values() if rest else ():
             if child.tokens[0] != rest[0]:  # most children of a popular prefix differ at once
                 continue
-            n = _common_prefix(child.tokens, rest)
+            n = common_prefix(child.tokens, rest)
             better = n > lcp or (n == lcp and n and child.snapshot is not None and partial.snapshot is None)
             if better:
                 partial, lcp = child, n
