@@ -90,8 +90,7 @@ class CacheSettings:
     drafting: bool = False  # the slot state has an MTP ring that lags one token
 
 
-def common_prefix(a, b) -> int:
-    """How many leading tokens the two sequences share."""
+def common_prefix(a, b) -> int:  # how many leading tokens the two sequences share
     n = min(len(a), len(b))
     i = 0
     while i < n and a[i] == b[i]:
