@@ -79,6 +79,7 @@ def test_cache_operations_are_translated_to_the_engine_states_global_ids():
 
 def test_each_rank_is_packed_alone_with_its_local_ids_and_the_rows_order_maps_back():
     from deepinfer.runtime.data_parallel import pack
+    from deepinfer.scheduler.plan import Packer
 
     s = make(ranks=2, max_num_seqs=2, budget=16)
     reqs = [req(f"r{i}", n) for i, n in enumerate([3, 5, 2])]
@@ -87,7 +88,7 @@ def test_each_rank_is_packed_alone_with_its_local_ids_and_the_rows_order_maps_ba
     plan = s.schedule()
     shape = PlanShape(8, 2, (4, 2))
     seeds = {r.request_id: 0 for r in reqs}
-    inputs = pack(plan, POOLS, shape, 2, 2, seeds, 100, (1,))
+    inputs = pack(plan, Packer(POOLS, 2, 100, (1,)), shape, 2, seeds)
     assert inputs.ints.shape == (2, shape.int_size) and inputs.floats.shape == (2, shape.float_size)
     t = shape.num_tokens
     slot_at = len(INT_FIELDS_T) * t + INT_FIELDS_R.index("slot") * shape.num_rows

@@ -11,7 +11,7 @@ from deepinfer.scheduler.allocators import OutOfPages, PageAllocator, SlotAlloca
 from deepinfer.scheduler.plan import PlanShape, pack
 from deepinfer.scheduler.request import Request
 from deepinfer.scheduler.sampling_params import SamplingParams
-from deepinfer.scheduler.scheduler import PoolSpec, Scheduler, SchedulerConfig
+from deepinfer.scheduler.scheduler import PoolSpec, Scheduler, SchedulerConfig, StepPlan
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -233,6 +233,40 @@ def test_pack_layout():
     flo = floats[: 6 * r].reshape(6, r)  # temperature, top_p, min_p, repetition, presence, frequency
     np.testing.assert_allclose(flo[:, :2], [[0.5, 1.0], [1.0, 1.0], [0.0, 0.0], [1.0, 1.0], [0.0, 0.5], [0.0, 0.0]])
     assert floats[6 * r :].reshape(r, -1)[1, 0] == 2.5
+
+
+def test_packer_many_rows_and_its_reused_padding():
+    """More than 8 rows fill the block tables in one vectorised write; seeds keep their uint32 bits;
+    a Packer reuses its padding template per shape without one step's rows leaking into the next."""
+    from deepinfer.scheduler.plan import Packer
+
+    s = make(max_num_seqs=12, slots=12, budget=64, max_model_len=64, pages=64)
+    for i in range(10):
+        s.add_request(req(f"r{i}", 3 + i % 4))
+    plan = s.schedule()
+    shape = PlanShape(num_tokens=64, num_rows=16, max_pages=(8, 4))
+    seeds = {f"r{i}": 2**32 - 1 - i for i in range(10)}
+    packer = Packer(s.config.pools, 12, 100)
+    ints, _ = packer.pack(plan, shape, seeds)
+    t, r = 64, 16
+    rows = ints[6 * t : 6 * t + 14 * r].reshape(14, r)
+    assert rows[5, :10].view(np.uint32).tolist() == [2**32 - 1 - i for i in range(10)]
+    at = 6 * t + 14 * r
+    for k, (name, m) in enumerate((("csa", 8), ("hca", 4))):
+        table = ints[at : at + m * r].reshape(r, m)
+        for i, (rq, _) in enumerate(plan.scheduled):
+            pages = rq.pages.get(name, [])
+            assert table[i, : len(pages)].tolist() == pages and (table[i, len(pages) :] == 64).all()
+        assert (table[10:] == 64).all()
+        at += m * r
+    # the next step packs 2 rows in the same shape: nothing of the 10 above remains
+    plan2 = StepPlan()
+    plan2.add(plan.scheduled[0][0], 1)
+    ints2, floats2 = packer.pack(plan2, shape, seeds)
+    fresh, fresh_f = Packer(s.config.pools, 12, 100).pack(plan2, shape, seeds)
+    assert np.array_equal(ints2, fresh) and np.array_equal(floats2, fresh_f)
+    empty, _ = packer.pack(StepPlan(), shape, {})
+    assert (empty[:t] == 0).all() and (empty[2 * t : 3 * t] == r - 1).all() and (rows[0, 10:] == 12).all()
 
 
 def test_pools_too_small_for_one_request_are_refused_at_construction():

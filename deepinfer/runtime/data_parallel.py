@@ -36,7 +36,7 @@ from deepinfer.runtime.paged_step import (
     sample_half,
 )
 from deepinfer.runtime.step_inputs import unpack
-from deepinfer.scheduler.plan import PlanShape, pack as pack_one
+from deepinfer.scheduler.plan import Packer, PlanShape
 
 
 class RankInputs(NamedTuple):
@@ -83,21 +83,25 @@ def row_order(plan, ranks: int, num_rows: int) -> np.ndarray:
     return _in_rank_order([len(p.scheduled) for p in parts], num_rows)
 
 
-def pack(plan, pools, shape: PlanShape, slots_per_rank: int, ranks: int, seeds, vocab_size, eos_token_ids) -> RankInputs:
+def pack(plan, packer: Packer, shape: PlanShape, ranks: int, seeds) -> RankInputs:
     parts = plan.parts or [type(plan)() for _ in range(ranks)]
-    packed = [pack_one(part, pools, shape, slots_per_rank, seeds, vocab_size, eos_token_ids) for part in parts]
+    packed = [packer.pack(part, shape, seeds) for part in parts]
     tokens = _in_rank_order([p.num_tokens for p in parts], shape.num_tokens)
     plan.output_rows = row_order(plan, ranks, shape.num_rows)
     return RankInputs(np.stack([a for a, _ in packed]), np.stack([b for _, b in packed]), plan.output_rows, tokens)
 
 
+def packer(engine) -> Packer:
+    """The engine's plan packer: a rank's slots and pools (with data parallelism each rank packs its own
+    rows with its local ids)."""
+    return Packer(engine.pools, engine.config.max_num_seqs, engine.cfg.vocab_size, engine.cfg.eos_token_ids)
+
+
 def packed_inputs(engine, plan, shape: PlanShape, seeds) -> tuple:
     """The engine's packed plan (numpy): (ints, floats), or with data parallelism (RankInputs, None)."""
     if engine.ranks == 1:
-        return pack_one(plan, engine.pools, shape, engine.layout.num_slots, seeds, engine.cfg.vocab_size,
-                        engine.cfg.eos_token_ids)
-    return pack(plan, engine.pools, shape, engine.config.max_num_seqs, engine.ranks, seeds, engine.cfg.vocab_size,
-                engine.cfg.eos_token_ids), None
+        return engine.packer.pack(plan, shape, seeds)
+    return pack(plan, engine.packer, shape, engine.ranks, seeds), None
 
 
 def bitmask_in_rank_order(mask: np.ndarray, plan, ranks: int, num_rows: int) -> np.ndarray:

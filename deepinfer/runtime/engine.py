@@ -129,15 +129,15 @@ class LLMEngine:
         self.warming: warmup.BackgroundWarmup | None = None  # a background warm-up still compiling
         self.idle = threading.Event()  # set while no request is queued or running (a background warm-up's cue)
         self.idle.set()
-        self.num_compiles = 0
+        self.packer = data_parallel.packer(self)  # (scheduler/plan.py: keeps each step shape's padding)
         self._seeds: dict[str, int] = {}
         self._seed_source = process_agreement.SeedSource()  # (several processes: one seed for a request without one)
         self._ids = itertools.count()
-        self.num_steps, self.num_decode_bursts = 0, 0  # model steps dispatched (a burst counts its steps)
+        # model steps dispatched (a burst counts its steps), decode bursts, programs compiled
+        self.num_steps = self.num_decode_bursts = self.num_compiles = 0
         self._inflight: tuple | None = None  # (plan, device outputs) of the step not yet read
         self.updated: list[Request] = []  # requests whose outputs the last step() filled in (finished ones too)
-        self.last_wait_s = self.last_host_s = 0.0
-        self.host_s = 0.0  # host time of all steps so far (step() wall time minus waits on the device)
+        self.last_wait_s = self.last_host_s = self.host_s = 0.0  # host: step()'s wall time minus waits on device
         self.step_timer = StepTimer() if config.measure_device else None
         self.grammar = grammar
         self.bitmask_words = bitmask_words(cfg.vocab_size)

@@ -68,6 +68,108 @@ class PlanShape:
         return (len(FLOAT_FIELDS_R) + MAX_BIAS_SLOTS) * self.num_rows
 
 
+class Packer:
+    """Packs one engine's plans (its pools, slots per rank, vocabulary and EOS ids).
+
+    Runs on every step of the host loop: each shape's padding is a template copied in one go,
+    and per-row values are gathered in Python tuples and written field block by field block
+    (a numpy write per value cost more than the rest of a decode row's host work)."""
+
+    def __init__(self, pools: tuple[PoolSpec, ...], num_slots: int, vocab_size: int = 0,
+                 eos_token_ids: tuple[int, ...] = ()):
+        self.pools, self.num_slots, self.vocab_size, self.eos_token_ids = pools, num_slots, vocab_size, eos_token_ids
+        self._templates: dict[PlanShape, tuple[np.ndarray, np.ndarray]] = {}
+
+    def _template(self, shape: PlanShape) -> tuple[np.ndarray, np.ndarray]:
+        """A plan with no rows: padding rows at an out-of-range slot and pages (the device drops their
+        writes), bias ids out of the vocabulary, neutral sampling settings, padding tokens on the last row."""
+        if shape not in self._templates:
+            ints, floats = np.zeros(shape.int_size, np.int32), np.zeros(shape.float_size, np.float32)
+            tok, row, tables, bias_ids, flo, _ = _views(ints, floats, shape)
+            tok[INT_FIELDS_T.index("next_prompt_token")] = -1
+            tok[INT_FIELDS_T.index("next_token")] = -1
+            tok[INT_FIELDS_T.index("token_row")] = shape.num_rows - 1
+            row[INT_FIELDS_R.index("slot")] = self.num_slots
+            flo[FLOAT_FIELDS_R.index("top_p")] = 1.0
+            flo[FLOAT_FIELDS_R.index("repetition_penalty")] = 1.0
+            bias_ids[:] = self.vocab_size
+            for table, spec in zip(tables, self.pools):
+                table[:] = spec.num_pages
+            self._templates[shape] = ints, floats
+        return self._templates[shape]
+
+    def pack(self, plan: StepPlan, shape: PlanShape, seeds: dict[str, int]) -> tuple[np.ndarray, np.ndarray]:
+        """The (ints, floats) buffers for one step."""
+        if plan.num_tokens > shape.num_tokens or len(plan.scheduled) > shape.num_rows:
+            raise ValueError(f"plan of {plan.num_tokens} tokens / {len(plan.scheduled)} rows exceeds shape {shape}")
+        ints, floats = (a.copy() for a in self._template(shape))
+        if not plan.scheduled:
+            return ints, floats
+        tok, row, tables, bias_ids, flo, bias_vals = _views(ints, floats, shape)
+        tokens: list[int] = []
+        positions: list[int] = []
+        token_rows: list[int] = []
+        int_rows: list[tuple] = []  # per row, in INT_FIELDS_R order
+        float_rows: list[tuple] = []  # in FLOAT_FIELDS_R order
+        page_lists: list[list] = [[] for _ in self.pools]
+        offset = 0
+        for i, (req, n) in enumerate(plan.scheduled):
+            rid = req.request_id
+            start = plan.starts[rid]
+            drafts = plan.drafts.get(rid, ())
+            ids = _known(req, start, start + n - len(drafts))
+            if None in ids[:-1] or (ids and ids[-1] is None and n != 1 + len(drafts)):
+                raise AssertionError(f"request {rid}: unresolved tokens inside a chunk: {ids}")
+            # -1: the request's previous sampled token, -2 - j: its draft j, still on the device (per-slot buffers)
+            tokens.extend([-1 if t is None else t for t in ids])
+            tokens.extend([-2 - j if t is None else t for j, t in enumerate(drafts)])
+            positions.extend(range(start, start + n))
+            token_rows.extend([i] * n)
+            after = _known(req, start + n, start + n + 1)
+            if after and after[0] is not None:  # a chunk ending before the known tokens do
+                tok[INT_FIELDS_T.index("next_token"), offset + n - 1] = after[0]
+            sp = req.sampling_params
+            if sp.prompt_logprobs is not None:
+                plen = len(req.prompt_token_ids)
+                for j, pos in enumerate(range(start, start + n)):
+                    if pos + 1 < plen:
+                        tok[INT_FIELDS_T.index("next_prompt_token"), offset + j] = req.prompt_token_ids[pos + 1]
+            samples = rid in plan.outputs
+            seed = seeds[rid] & 0xFFFFFFFF  # uint32 bits in an int32 (the device reads them back as uint32)
+            int_rows.append((req.slot, start, n, offset, int(samples), seed - (1 << 32) if seed >> 31 else seed,
+                             max(sp.top_k, 0), int(sp.logprobs is not None), len(req.prompt_token_ids), len(drafts),
+                             req.shared_until, req.history_start, int(rid in plan.follows),
+                             plan.draft_depth.get(rid, shape.num_drafts)))
+            float_rows.append((sp.temperature, sp.top_p, sp.min_p, sp.repetition_penalty, sp.presence_penalty,
+                               sp.frequency_penalty))
+            if sp.logit_bias or sp.min_tokens:
+                self._bias(plan, req, samples, bias_ids[i], bias_vals[i])
+            for k, spec in enumerate(self.pools):
+                page_lists[k].append(req.pages.get(spec.name, ()))
+            offset += n
+        rows = len(plan.scheduled)
+        tok[0:3, :offset] = tokens, positions, token_rows  # tokens, positions, token_row
+        tok[INT_FIELDS_T.index("valid"), :offset] = 1
+        tok[INT_FIELDS_T.index("token_row"), offset:] = rows - 1
+        row[:, :rows] = np.array(int_rows, np.int32).T
+        flo[:, :rows] = np.array(float_rows, np.float32).T
+        for table, lists in zip(tables, page_lists):
+            _fill_table(table, lists)
+        return ints, floats
+
+    def _bias(self, plan: StepPlan, req, samples: bool, ids: np.ndarray, vals: np.ndarray) -> None:
+        """A row's bias slots: its logit_bias, plus -inf for EOS and its stop ids while under min_tokens."""
+        sp = req.sampling_params
+        entries = list(sp.logit_bias.items())
+        if sp.min_tokens and samples and plan.outputs[req.request_id] < sp.min_tokens:
+            blocked = set(sp.stop_token_ids) | (set() if sp.ignore_eos else set(self.eos_token_ids))
+            entries += [(t, -np.inf) for t in sorted(blocked)]
+        if len(entries) > MAX_BIAS_SLOTS:
+            raise ValueError(f"request {req.request_id}: {len(entries)} logit-bias entries exceed {MAX_BIAS_SLOTS}")
+        for j, (token, bias) in enumerate(entries):
+            ids[j], vals[j] = token, bias
+
+
 def pack(
     plan: StepPlan,
     pools: tuple[PoolSpec, ...],
@@ -77,81 +179,52 @@ def pack(
     vocab_size: int = 0,
     eos_token_ids: tuple[int, ...] = (),
 ) -> tuple[np.ndarray, np.ndarray]:
-    """The (ints, floats) buffers for one step."""
-    t_cap, r_cap = shape.num_tokens, shape.num_rows
-    if plan.num_tokens > t_cap or len(plan.scheduled) > r_cap:
-        raise ValueError(f"plan of {plan.num_tokens} tokens / {len(plan.scheduled)} rows exceeds shape {shape}")
-    tok = {f: np.zeros(t_cap, np.int32) for f in INT_FIELDS_T}
-    tok["next_prompt_token"][:] = -1
-    tok["next_token"][:] = -1
-    row = {f: np.zeros(r_cap, np.int32) for f in INT_FIELDS_R}
-    row["slot"][:] = num_slots  # out of range for padding rows: writes dropped
-    flo = {f: np.zeros(r_cap, np.float32) for f in FLOAT_FIELDS_R}
-    flo["top_p"][:] = 1.0
-    flo["repetition_penalty"][:] = 1.0
-    bias_ids = np.full((r_cap, MAX_BIAS_SLOTS), vocab_size, np.int32)  # out of range: dropped on device
-    bias_vals = np.zeros((r_cap, MAX_BIAS_SLOTS), np.float32)
-    tables = [np.full((r_cap, m), spec.num_pages, np.int32) for spec, m in zip(pools, shape.max_pages)]
-    tok["token_row"][:] = r_cap - 1 if not plan.scheduled else len(plan.scheduled) - 1
-    offset = 0
-    for i, (req, n) in enumerate(plan.scheduled):
-        start = plan.starts[req.request_id]
-        drafts = plan.drafts.get(req.request_id, [])
-        known = req.all_token_ids
-        ids = known[start : start + n - len(drafts)]
-        if None in ids[:-1] or (ids and ids[-1] is None and n != 1 + len(drafts)):
-            raise AssertionError(f"request {req.request_id}: unresolved tokens inside a chunk: {ids}")
-        sl = slice(offset, offset + n)
-        # -1: the request's previous sampled token, -2 - j: its draft j, still on the device (per-slot buffers)
-        tok["tokens"][sl] = [-1 if t is None else t for t in ids] + [-2 - j if t is None else t
-                                                                      for j, t in enumerate(drafts)]
-        tok["positions"][sl] = np.arange(start, start + n)
-        tok["token_row"][sl] = i
-        tok["valid"][sl] = 1
-        tok["next_prompt_token"][sl] = -1
-        if start + n < len(known) and known[start + n] is not None:  # a chunk ending before the known tokens do
-            tok["next_token"][offset + n - 1] = known[start + n]
-        if req.sampling_params.prompt_logprobs is not None:
-            plen = len(req.prompt_token_ids)
-            for j, pos in enumerate(range(start, start + n)):
-                if pos + 1 < plen:
-                    tok["next_prompt_token"][offset + j] = req.prompt_token_ids[pos + 1]
-        sp = req.sampling_params
-        row["slot"][i] = req.slot
-        row["length"][i] = start
-        row["n_new"][i] = n
-        row["start"][i] = offset
-        row["sample"][i] = int(plan.samples(req))
-        row["seed"][i] = np.array(seeds[req.request_id], np.uint32).view(np.int32)  # bits kept; device reads uint32
-        row["top_k"][i] = max(sp.top_k, 0)
-        row["logprobs"][i] = int(sp.logprobs is not None)
-        row["prompt_len"][i] = len(req.prompt_token_ids)
-        row["num_draft"][i] = len(drafts)
-        row["write_from"][i] = req.shared_until
-        row["history_start"][i] = req.history_start
-        row["follows"][i] = int(req.request_id in plan.follows)
-        row["draft_depth"][i] = plan.draft_depth.get(req.request_id, shape.num_drafts)
-        flo["temperature"][i] = sp.temperature
-        flo["top_p"][i] = sp.top_p
-        flo["min_p"][i] = sp.min_p
-        flo["repetition_penalty"][i] = sp.repetition_penalty
-        flo["presence_penalty"][i] = sp.presence_penalty
-        flo["frequency_penalty"][i] = sp.frequency_penalty
-        entries = list(sp.logit_bias.items())
-        if sp.min_tokens and plan.samples(req) and plan.outputs[req.request_id] < sp.min_tokens:
-            blocked = set(sp.stop_token_ids) | (set() if sp.ignore_eos else set(eos_token_ids))
-            entries += [(t, -np.inf) for t in sorted(blocked)]
-        if len(entries) > MAX_BIAS_SLOTS:
-            raise ValueError(f"request {req.request_id}: {len(entries)} logit-bias entries exceed {MAX_BIAS_SLOTS}")
-        for j, (token, bias) in enumerate(entries):
-            bias_ids[i, j], bias_vals[i, j] = token, bias
-        for table, spec in zip(tables, pools):
-            pages = req.pages.get(spec.name, [])
-            table[i, : len(pages)] = pages
-        offset += n
-    ints = np.concatenate(
-        [tok[f] for f in INT_FIELDS_T] + [row[f] for f in INT_FIELDS_R] + [t.ravel() for t in tables] + [bias_ids.ravel()]
-    )
-    floats = np.concatenate([flo[f] for f in FLOAT_FIELDS_R] + [bias_vals.ravel()])
-    assert ints.size == shape.int_size and floats.size == shape.float_size
-    return ints.astype(np.int32), floats.astype(np.float32)
+    """The (ints, floats) buffers for one step (a one-off Packer; an engine keeps its own)."""
+    return Packer(pools, num_slots, vocab_size, eos_token_ids).pack(plan, shape, seeds)
+
+
+def _views(ints: np.ndarray, floats: np.ndarray, shape: PlanShape) -> tuple:
+    """(token fields [6, T], row fields [14, R], block tables [R, max_pages] per pool, bias ids [R, slots],
+    float row fields [6, R], bias values [R, slots]): views into the two buffers, in the layout above."""
+    t, r = shape.num_tokens, shape.num_rows
+    tok = ints[: len(INT_FIELDS_T) * t].reshape(len(INT_FIELDS_T), t)
+    at = tok.size
+    row = ints[at: at + len(INT_FIELDS_R) * r].reshape(len(INT_FIELDS_R), r)
+    at += row.size
+    tables = []
+    for m in shape.max_pages:
+        tables.append(ints[at: at + r * m].reshape(r, m))
+        at += r * m
+    flo = floats[: len(FLOAT_FIELDS_R) * r].reshape(len(FLOAT_FIELDS_R), r)
+    return (tok, row, tables, ints[at:].reshape(r, MAX_BIAS_SLOTS), flo,
+            floats[flo.size:].reshape(r, MAX_BIAS_SLOTS))
+
+
+def _known(req, lo: int, hi: int) -> list:
+    """The request's tokens [lo, hi) (prompt then outputs; None: still on the device), without
+    building the whole list as ``all_token_ids`` does (long contexts, every row, every step)."""
+    prompt, outputs = req.prompt_token_ids, req.output_token_ids
+    p = len(prompt)
+    if hi <= p:
+        return prompt[lo:hi]
+    if lo >= p:
+        return outputs[lo - p: hi - p]
+    return prompt[lo:] + outputs[: hi - p]
+
+
+def _fill_table(table: np.ndarray, lists: list) -> None:
+    """Row i of ``table`` starts with ``lists[i]`` (the rest keeps its padding)."""
+    if len(lists) <= 8:  # few rows: a write per row costs less than building the indices
+        for i, pages in enumerate(lists):
+            if pages:
+                table[i, : len(pages)] = pages
+        return
+    sizes = np.fromiter(map(len, lists), np.int64, len(lists))
+    total = int(sizes.sum())
+    if not total:
+        return
+    flat = np.fromiter((p for pages in lists for p in pages), np.int32, total)
+    # flat entry e of row i goes to column e - (entries before row i)
+    before = np.cumsum(sizes) - sizes
+    rows = np.repeat(np.arange(len(lists)), sizes)
+    table[rows, np.arange(total) - before[rows]] = flat

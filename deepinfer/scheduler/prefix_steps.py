@@ -109,7 +109,9 @@ def after_schedule(cache: PrefixCache, plan, queued: list) -> None:
             entry = cache.checkpoint(req.cache_nodes, req.all_token_ids, end, req.pages, req.cache_salt)
             if entry is not None:
                 queued.append((req.slot, entry))
-        cache.register(req.cache_nodes, req.all_token_ids, upto, req.pages, req.cache_salt)
+        # only when a block completes (most decode steps complete none; all_token_ids copies the whole context)
+        if (len(req.cache_nodes) + 1) * cache.settings.block_size <= upto:
+            cache.register(req.cache_nodes, req.all_token_ids, upto, req.pages, req.cache_salt)
 
 
 def on_leave(cache: PrefixCache, req: Request, queued: list) -> None:
