@@ -134,7 +134,7 @@ class Packer:
                 for j, pos in enumerate(range(start, start + n)):
                     if pos + 1 < plen:
                         tok[INT_FIELDS_T.index("next_prompt_token"), offset + j] = req.prompt_token_ids[pos + 1]
-            samples = rid in plan.outputs
+            samples = plan.samples(req)
             seed = seeds[rid] & 0xFFFFFFFF  # uint32 bits in an int32 (the device reads them back as uint32)
             int_rows.append((req.slot, start, n, offset, int(samples), seed - (1 << 32) if seed >> 31 else seed,
                              max(sp.top_k, 0), int(sp.logprobs is not None), len(req.prompt_token_ids), len(drafts),
