@@ -2,7 +2,8 @@
 
     python benchmarks/loop_efficiency.py [--models bundled,tiny,mid] [--batches 1,32] [--new-tokens 32]
                                          [--sized-buckets] [--decode-steps 1,4]
-                                         [--max-model-len 16384] [--tables default,one]
+                                         [--max-model-len 16384] [--tables default,one,128]
+                                         [--overlap on,off]
 
 For each model and batch: the same requests (prompt --prompt-len, N new tokens,
 greedy) through LLMEngine with overlap on, then off, and through
@@ -14,8 +15,9 @@ only max_num_seqs raised to the batch where it is larger than the default; --siz
 gives it one token bucket of exactly the batch (the round-one setting, which hid the bucket cost).
 --decode-steps: the engine's num_continuous_decode_steps values to measure, each its own rows (default:
 the default setting's alone; scheduler/decode_burst.py). --max-model-len: the engine's (generate()
-sizes its own to the requests); --tables default,one: with the engine's block-table widths by context,
-and with one width (max_model_len's), each its own rows (runtime/context_widths.py).
+sizes its own to the requests); --tables default,one,128: with the engine's block-table widths by context,
+with one width (max_model_len's), and with one narrow width for a 128-token context beside the full one,
+each its own rows (runtime/context_widths.py).
 Prints a table and one JSON record (also written to benchmarks/results/loop_efficiency.json).
 The bundled trained model, or random weights (configs/tiny_mixed.json, configs/mid.json); CPU unless
 a GPU is present.
@@ -57,8 +59,14 @@ def load(name: str):
     return cfg, init_params(model_spec(cfg, include_mtp=False), jax.random.key(0))
 
 
+def context_buckets(tables: str) -> tuple[int, ...] | None:
+    """EngineConfig.context_buckets for a --tables entry: default (None), one (no narrow widths) or a context
+    in tokens (one narrow width for it beside the full one)."""
+    return {"default": None, "one": ()}.get(tables) if not tables.isdigit() else (int(tables),)
+
+
 def engine_config(batch: int, plen: int, n: int, overlap: bool, sized: bool, steps: int, max_model_len: int | None = None,
-                  one_width: bool = False) -> EngineConfig:
+                  tables: str = "default") -> EngineConfig:
     if sized:  # round one's setting: buckets of exactly this batch
         return EngineConfig(max_num_seqs=batch, max_num_batched_tokens=batch * plen, max_model_len=plen + n + 1,
                             page_size=16, token_buckets=(batch, batch * plen), row_buckets=(batch,), overlap=overlap,
@@ -66,13 +74,13 @@ def engine_config(batch: int, plen: int, n: int, overlap: bool, sized: bool, ste
     defaults = EngineConfig()
     return EngineConfig(max_num_seqs=max(batch, defaults.max_num_seqs), overlap=overlap, measure_device=True,
                         num_continuous_decode_steps=steps, max_model_len=max_model_len or defaults.max_model_len,
-                        context_buckets=() if one_width else None)
+                        context_buckets=context_buckets(tables))
 
 
 def measure(cfg, params, batch: int, plen: int, n: int, overlap: bool, fused_rate: float, sized: bool,
-            steps: int, max_model_len: int | None = None, one_width: bool = False) -> dict:
+            steps: int, max_model_len: int | None = None, tables: str = "default") -> dict:
     prompts = np.random.default_rng(1).integers(2, cfg.vocab_size, (batch, plen))
-    engine = LLMEngine(cfg, params, engine_config(batch, plen, n, overlap, sized, steps, max_model_len, one_width))
+    engine = LLMEngine(cfg, params, engine_config(batch, plen, n, overlap, sized, steps, max_model_len, tables))
     engine.warmup()
 
     def run_engine(k):
@@ -124,7 +132,9 @@ def main():
     ap.add_argument("--max-model-len", type=int, default=None, help="the engine's (default: EngineConfig's)")
     ap.add_argument("--tables", default="default",
                     help="block-table widths to measure, comma-separated: default (the engine's context buckets), "
-                         "one (one width, max_model_len's; runtime/context_widths.py)")
+                         "one (one width, max_model_len's), or a context in tokens (one narrow width for it beside the full one; "
+                         "runtime/context_widths.py)")
+    ap.add_argument("--overlap", default="on,off", help="overlap settings to measure, comma-separated")
     ap.add_argument("--out", default=os.path.join(ROOT, "benchmarks", "results", "loop_efficiency.json"))
     args = ap.parse_args()
     record = {"benchmark": "loop_efficiency", "device": jax.devices()[0].device_kind, "prompt_len": args.prompt_len,
@@ -137,9 +147,9 @@ def main():
         for b in (int(x) for x in args.batches.split(",")):
             g = fused(cfg, params, b, args.prompt_len, args.new_tokens)
             for tables, steps, overlap in itertools.product(args.tables.split(","), (
-                    int(x) for x in args.decode_steps.split(",")), (True, False)):
+                    int(x) for x in args.decode_steps.split(",")), (o == "on" for o in args.overlap.split(","))):
                 r = {"model": name, **measure(cfg, params, b, args.prompt_len, args.new_tokens, overlap, g,
-                                              args.sized_buckets, steps, args.max_model_len, tables == "one")}
+                                              args.sized_buckets, steps, args.max_model_len, tables)}
                 record["results"].append(r)
                 print(f"{name:6} {b:>5} {r['tables']:>9} {'on' if overlap else 'off':>7} {steps:>5} {r['engine_decode_tok_s']:>12} "
                       f"{r['generate_decode_tok_s']:>14} {r['ratio']:>6} {r['host_ms_per_step']:>12} "

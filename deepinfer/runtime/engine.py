@@ -224,9 +224,10 @@ class LLMEngine:
         """Dispatch one step (asynchronous: returns device arrays)."""
         return self._run_sample(plan, shape, (*self._pack(plan, shape), None))
 
-    def _pack(self, plan: StepPlan, shape: PlanShape) -> tuple[jax.Array, jax.Array]:
+    def _pack(self, plan: StepPlan, shape: PlanShape) -> tuple:
+        """The packed plan, fresh numpy arrays the program's call moves (~60 us cheaper than device_put)."""
         self._apply_cache_ops(plan)
-        return jax.device_put(data_parallel.packed_inputs(self, plan, shape, self._seeds))
+        return data_parallel.packed_inputs(self, plan, shape, self._seeds)
 
     def _run_forward(self, plan: StepPlan, shape: PlanShape):
         """Dispatch the model half of a step (structured outputs with overlap: the grammar masks
@@ -269,16 +270,15 @@ class LLMEngine:
             self.step_timer.dispatched(out.tokens)
         return out.tokens, out.logits, logprobs, prompt_logprobs, drafts
 
-    def _bitmask(self, plan: StepPlan, shape: PlanShape) -> jax.Array:
-        """The step's grammar bitmask on the device; a cached all-ones one when nothing is constrained."""
+    def _bitmask(self, plan: StepPlan, shape: PlanShape):
+        """The step's grammar bitmask (numpy, fresh); a cached all-ones device array when nothing is constrained."""
         t0 = time.perf_counter()
         rows = shape.num_rows * self.ranks  # (data parallelism: every rank's rows, filled in the plan's order)
         mask = fill_step_bitmask(plan, rows, shape.num_drafts + 1, self.bitmask_words)
         self.last_mask_fill_s = time.perf_counter() - t0 if mask is not None else 0.0
         self.mask_fill_s += self.last_mask_fill_s
         if mask is not None:
-            return jax.device_put(mask if self.ranks == 1 else data_parallel.bitmask_in_rank_order(mask, plan, self.ranks,
-                                                                                                 shape.num_rows))
+            return mask if self.ranks == 1 else data_parallel.bitmask_in_rank_order(mask, plan, self.ranks, shape.num_rows)
         key = (rows, shape.num_drafts)  # (confidence scheduling runs plain steps too)
         if key not in self._unconstrained:
             self._unconstrained[key] = jnp.full((rows, shape.num_drafts + 1, self.bitmask_words), -1, jnp.int32)
