@@ -62,7 +62,11 @@ def load(name: str):
 def context_buckets(tables: str) -> tuple[int, ...] | None:
     """EngineConfig.context_buckets for a --tables entry: default (None), one (no narrow widths) or a context
     in tokens (one narrow width for it beside the full one)."""
-    return {"default": None, "one": ()}.get(tables) if not tables.isdigit() else (int(tables),)
+    if tables.isdigit():
+        return (int(tables),)
+    if tables not in ("default", "one"):
+        raise SystemExit(f"--tables: {tables!r} is not default, one or a context in tokens")
+    return None if tables == "default" else ()
 
 
 def engine_config(batch: int, plen: int, n: int, overlap: bool, sized: bool, steps: int, max_model_len: int | None = None,
