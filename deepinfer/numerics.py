@@ -95,13 +95,15 @@ def token_tiled(fn, *args, tile: int = INVARIANT_TILE):
     def body(i, out):
         return jax.tree.map(lambda o, y: jax.lax.dynamic_update_index_in_dim(o, y, i, 0), out, fn(*take(i)))
 
-    trips = _opaque_count(n_tiles, jax.tree.leaves(args)[0])
+    trips = opaque_count(n_tiles, jax.tree.leaves(args)[0])
     out = jax.lax.fori_loop(0, trips, body, init)
     return jax.tree.map(lambda o: o.reshape(padded, *o.shape[2:])[:n], out)
 
 
-def _opaque_count(count: int, data: jax.Array) -> jax.Array:
-    """``count`` (>= 1) as a value XLA cannot fold to a constant: max(count, a 0-or-1 read from data)."""
+def opaque_count(count: int, data: jax.Array) -> jax.Array:
+    """``count`` (>= 1) as a value XLA cannot fold to a constant: max(count, a 0-or-1 read from data).
+    A loop with this trip count is kept a loop (XLA inlines or unrolls one it can count), so
+    programs of every size run the same compiled body."""
     probe = data.reshape(-1)[0]
     flag = jnp.isnan(probe) if jnp.issubdtype(probe.dtype, jnp.floating) else probe < 0
     return jnp.maximum(jnp.int32(count), flag.astype(jnp.int32))

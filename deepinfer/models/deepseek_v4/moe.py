@@ -14,9 +14,14 @@ from jax import lax
 
 from deepinfer.config import HASH_MOE, ModelConfig
 from deepinfer.models.deepseek_v4.ops import linear, swiglu
-from deepinfer.numerics import fixed_sum
+from deepinfer.numerics import fixed_sum, opaque_count
 from pallas_kernels import grouped_matmul as gm
 from sharding.expert_placement import physical_choice
+
+# CPU: the pair loop up to this many (token, expert) pairs per expert held, expert by expert past it
+# (bundled model, one layer: the loop is ahead of expert-by-expert 2x at 16 tokens x top-2 and even at
+# 256; expert-by-expert ahead at 512: BENCHMARKS.md section 8, "The MoE on a CPU")
+PAIR_LOOP_PER_EXPERT = 16
 
 
 def route(cfg: ModelConfig, p: dict, mlp_type: str, x: jax.Array, token_ids: jax.Array) -> tuple[jax.Array, jax.Array]:
@@ -42,10 +47,13 @@ def routed_experts(cfg: ModelConfig, p: dict, x: jax.Array, weights: jax.Array, 
     * accelerators, or the MoE kernel chosen (cfg.kernels, also in interpret mode on a CPU):
       grouped matmuls over expert-sorted rows (pallas_kernels/grouped_matmul.py, the kernel
       or its lax.ragged_dot reference);
-    * CPU, few (token, expert) pairs (decode): gather just the chosen experts' weights;
-    * CPU otherwise: every expert on every token, combined with zero weight for
-      the unchosen. XLA's CPU ragged_dot costs ~13 ms even for 2 rows (measured
-      with 12 experts of 512x512), which made decoding ~30x slower.
+    * CPU, up to 16 (token, expert) pairs per expert held (decode, verification, batch-invariant
+      tiles, short chunks): a loop over the pairs, each running its expert's weights in place;
+    * CPU otherwise: expert by expert over every token (unrouted experts skipped), combined with
+      zero weight for the tokens not routed to it.
+    XLA's CPU ragged_dot costs ~13 ms even for 2 rows (measured with 12 experts of 512x512),
+    and copying each pair's expert weights out first (w[experts], the former decode path) cost
+    7-9x the pair loop (BENCHMARKS.md section 8, "The MoE on a CPU").
     The choice is static (from the token count), so in batch-invariant mode, where the
     block runs in fixed token tiles, every tile takes the same formulation.
     """
@@ -60,9 +68,9 @@ def _local_experts(cfg: ModelConfig, p: dict, x: jax.Array, weights: jax.Array, 
     n, k = experts.shape
     if cfg.kernels.uses("moe") or jax.default_backend() != "cpu":
         return _grouped_experts(cfg, p, x, weights, experts)
-    if n * k <= cfg.n_routed_experts:  # static: the same choice on every device and in every tile
-        return _gathered_experts(cfg, p, x, weights, experts)
-    return _dense_experts(cfg, p, x, weights, experts)
+    if n * k <= PAIR_LOOP_PER_EXPERT * cfg.n_routed_experts:  # static: the same choice on every device and tile
+        return _pair_loop_experts(cfg, p, x, weights, experts)
+    return _expert_by_expert(cfg, p, x, weights, experts)
 
 
 def _expert_parallel(cfg: ModelConfig, p: dict, x: jax.Array, weights: jax.Array, experts: jax.Array) -> jax.Array:
@@ -128,23 +136,52 @@ def _device_experts(cfg: ModelConfig, p_local: dict, x: jax.Array, weights: jax.
     return _local_experts(cfg, p_local, x, jnp.where(mine, weights, 0.0), jnp.where(mine, ids, 0))
 
 
-def _gathered_experts(cfg: ModelConfig, p: dict, x: jax.Array, weights: jax.Array, experts: jax.Array) -> jax.Array:
-    dt = x.dtype
-    gate = jnp.einsum("nd,nkid->nki", x, p["w1"][experts].astype(dt))
-    up = jnp.einsum("nd,nkid->nki", x, p["w3"][experts].astype(dt))
-    out = jnp.einsum("nki,nkdi->nkd", swiglu(gate, up, cfg.swiglu_limit), p["w2"][experts].astype(dt))
-    return jnp.einsum("nkd,nk->nd", out, weights.astype(dt))
+def _expert(w, e: jax.Array):
+    """Expert ``e`` of a stacked weight [E, out, in] (a QuantizedArray stays quantized: data and scale
+    share the leading axis), read in place by the dot that uses it."""
+    return jax.tree.map(lambda a: lax.dynamic_index_in_dim(a, e, keepdims=False), w)
 
 
-def _dense_experts(cfg: ModelConfig, p: dict, x: jax.Array, weights: jax.Array, experts: jax.Array) -> jax.Array:
+def _apply_expert(cfg: ModelConfig, p: dict, e: jax.Array, x: jax.Array) -> jax.Array:
+    """Expert e's clamped SwiGLU MLP on rows x [n, D]."""
     dt = x.dtype
-    combine = jnp.zeros((x.shape[0], p["w1"].shape[0]), dt)  # the experts held (all, or one device's)
+    hidden = swiglu(linear(x, _expert(p["w1"], e).astype(dt)), linear(x, _expert(p["w3"], e).astype(dt)),
+                    cfg.swiglu_limit)
+    return linear(hidden, _expert(p["w2"], e).astype(dt))
+
+
+def _pair_loop_experts(cfg: ModelConfig, p: dict, x: jax.Array, weights: jax.Array, experts: jax.Array) -> jax.Array:
+    """One (token, expert) pair per loop iteration, its expert's weights read in place: the cost
+    follows the pairs, not the experts held. A token's k picks are added in order into its row, and
+    every program runs the same body (the trip count is opaque), so a token's result does not
+    depend on how many tokens share the step."""
+    n, k = experts.shape
+    dt = x.dtype
+
+    def pair(i, out):
+        t, j = i // k, i % k
+        row = lax.dynamic_slice_in_dim(x, t, 1)
+        y = _apply_expert(cfg, p, experts[t, j], row) * weights[t, j].astype(dt)
+        return lax.dynamic_update_slice_in_dim(out, lax.dynamic_slice_in_dim(out, t, 1) + y, t, 0)
+
+    return lax.fori_loop(0, opaque_count(n * k, x), pair, jnp.zeros_like(x))
+
+
+def _expert_by_expert(cfg: ModelConfig, p: dict, x: jax.Array, weights: jax.Array, experts: jax.Array) -> jax.Array:
+    """Each expert held (all, or one device's) on every token, weighted by the token's routing
+    weight for it (0 if not routed there); an expert no token was routed to is skipped."""
+    dt = x.dtype
+    held = p["w1"].shape[0]
+    combine = jnp.zeros((x.shape[0], held), dt)
     combine = combine.at[jnp.arange(x.shape[0])[:, None], experts].add(weights.astype(dt))
-    gate = jnp.einsum("nd,eid->nei", x, p["w1"].astype(dt))
-    up = jnp.einsum("nd,eid->nei", x, p["w3"].astype(dt))
-    hidden = swiglu(gate, up, cfg.swiglu_limit)
-    out = jnp.einsum("nei,edi->ned", hidden, p["w2"].astype(dt))
-    return jnp.einsum("ned,ne->nd", out, combine)
+    routed = jnp.any(combine != 0, axis=0)
+    out = jnp.zeros_like(x)
+    for e in range(held):
+        def run(out, e=e):
+            return out + _apply_expert(cfg, p, jnp.int32(e), x) * combine[:, e:e + 1]
+
+        out = lax.cond(routed[e], run, lambda out: out, out)
+    return out
 
 
 def _grouped_experts(cfg: ModelConfig, p: dict, x: jax.Array, weights: jax.Array, experts: jax.Array) -> jax.Array:
