@@ -53,7 +53,7 @@ def routed_experts(cfg: ModelConfig, p: dict, x: jax.Array, weights: jax.Array, 
       zero weight for the tokens not routed to it.
     XLA's CPU ragged_dot costs ~13 ms even for 2 rows (measured with 12 experts of 512x512),
     and copying each pair's expert weights out first (w[experts], the former decode path) cost
-    7-9x the pair loop (BENCHMARKS.md section 8, "The MoE on a CPU").
+    7-12x the pair loop (BENCHMARKS.md section 8, "The MoE on a CPU").
     The choice is static (from the token count), so in batch-invariant mode, where the
     block runs in fixed token tiles, every tile takes the same formulation.
     """
