@@ -46,11 +46,15 @@ def test_pair_loop_result_does_not_depend_on_the_token_count():
 
 
 def test_expert_by_expert_skips_picks_of_zero_weight():
-    """Expert parallelism hands a device's foreign picks as expert 0 with weight 0: they add nothing,
-    and an expert only such picks name is not run (its contribution would be exactly 0 anyway)."""
+    """Expert parallelism hands a device's foreign picks with weight 0: they add nothing, and an
+    expert only such picks name is not run at all. Shown with that expert's weights set to NaN:
+    run, it would turn the sums NaN (NaN * 0 is NaN); skipped, the output is the real picks' alone."""
     cfg, p, x, weights, experts = _layer_inputs(3, 1)
-    foreign = weights.at[:, 1].set(0.0)
+    first = set(np.asarray(experts[:, 0]).tolist())
+    unused = next(e for e in range(cfg.n_routed_experts) if e not in first)
+    poisoned = {name: w.at[unused].set(jnp.nan) for name, w in p.items()}
     run = jax.jit(moe._expert_by_expert, static_argnums=0)
-    out = np.asarray(run(cfg, p, x, foreign, experts.at[:, 1].set(0)))
+    out = np.asarray(run(cfg, poisoned, x, weights.at[:, 1].set(0.0), experts.at[:, 1].set(unused)))
     only_first = np.asarray(run(cfg, p, x, weights[:, :1], experts[:, :1]))
+    assert np.isfinite(out).all()
     np.testing.assert_allclose(out, only_first, rtol=0, atol=1e-6 * np.max(np.abs(only_first)))

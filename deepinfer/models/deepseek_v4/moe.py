@@ -136,18 +136,10 @@ def _device_experts(cfg: ModelConfig, p_local: dict, x: jax.Array, weights: jax.
     return _local_experts(cfg, p_local, x, jnp.where(mine, weights, 0.0), jnp.where(mine, ids, 0))
 
 
-def _expert(w, e: jax.Array):
-    """Expert ``e`` of a stacked weight [E, out, in] (a QuantizedArray stays quantized: data and scale
-    share the leading axis), read in place by the dot that uses it."""
-    return jax.tree.map(lambda a: lax.dynamic_index_in_dim(a, e, keepdims=False), w)
-
-
-def _apply_expert(cfg: ModelConfig, p: dict, e: jax.Array, x: jax.Array) -> jax.Array:
-    """Expert e's clamped SwiGLU MLP on rows x [n, D]."""
-    dt = x.dtype
-    hidden = swiglu(linear(x, _expert(p["w1"], e).astype(dt)), linear(x, _expert(p["w3"], e).astype(dt)),
-                    cfg.swiglu_limit)
-    return linear(hidden, _expert(p["w2"], e).astype(dt))
+def _expert(p: dict, e: jax.Array) -> dict:
+    """Expert ``e``'s {w1, w2, w3} from the stacked [E, out, in] weights (a QuantizedArray stays
+    quantized: data and scale share the leading axis), read in place by the dots that use them."""
+    return jax.tree.map(lambda a: lax.dynamic_index_in_dim(a, e, keepdims=False), p)
 
 
 def _pair_loop_experts(cfg: ModelConfig, p: dict, x: jax.Array, weights: jax.Array, experts: jax.Array) -> jax.Array:
@@ -161,7 +153,7 @@ def _pair_loop_experts(cfg: ModelConfig, p: dict, x: jax.Array, weights: jax.Arr
     def pair(i, out):
         t, j = i // k, i % k
         row = lax.dynamic_slice_in_dim(x, t, 1)
-        y = _apply_expert(cfg, p, experts[t, j], row) * weights[t, j].astype(dt)
+        y = expert_mlp(cfg, _expert(p, experts[t, j]), row) * weights[t, j].astype(dt)
         return lax.dynamic_update_slice_in_dim(out, lax.dynamic_slice_in_dim(out, t, 1) + y, t, 0)
 
     return lax.fori_loop(0, opaque_count(n * k, x), pair, jnp.zeros_like(x))
@@ -178,7 +170,7 @@ def _expert_by_expert(cfg: ModelConfig, p: dict, x: jax.Array, weights: jax.Arra
     out = jnp.zeros_like(x)
     for e in range(held):
         def run(out, e=e):
-            return out + _apply_expert(cfg, p, jnp.int32(e), x) * combine[:, e:e + 1]
+            return out + expert_mlp(cfg, _expert(p, jnp.int32(e)), x) * combine[:, e:e + 1]
 
         out = lax.cond(routed[e], run, lambda out: out, out)
     return out
@@ -203,7 +195,9 @@ def _grouped_experts(cfg: ModelConfig, p: dict, x: jax.Array, weights: jax.Array
     return jnp.zeros_like(x).at[token_of].add(out)
 
 
-def shared_expert(cfg: ModelConfig, p: dict, x: jax.Array) -> jax.Array:
+def expert_mlp(cfg: ModelConfig, p: dict, x: jax.Array) -> jax.Array:
+    """One expert's clamped SwiGLU MLP ({w1, w2, w3} [out, in]) on rows x [n, D]: the shared expert, or
+    a routed one picked out of the stack (``_expert``)."""
     return linear(swiglu(linear(x, p["w1"]), linear(x, p["w3"]), cfg.swiglu_limit), p["w2"])
 
 
@@ -216,5 +210,5 @@ def moe(cfg: ModelConfig, p: dict, mlp_type: str, x: jax.Array, token_ids: jax.A
     slots = physical_choice(p["placement"], experts, token_ids.reshape(-1)) if "placement" in p else experts
     out = routed_experts(cfg, p["experts"], flat, weights, slots)
     if "shared" in p:
-        out = out + shared_expert(cfg, p["shared"], flat)
+        out = out + expert_mlp(cfg, p["shared"], flat)
     return out.reshape(x.shape), experts.reshape(*x.shape[:-1], -1)
