@@ -19,6 +19,8 @@ _BYTES = {"pred": 1, "s8": 1, "u8": 1, "s16": 2, "u16": 2, "f16": 2, "bf16": 2, 
 # "%name = f32[4,32]{1,0} all-reduce(" or a tuple result "(f32[2], f32[8,4]) all-gather-start("
 _OP = re.compile(r"=\s*(\([^=]*?\)|[a-z0-9]+\[[0-9,]*\](?:\{[^}]*\})?)\s+(" + "|".join(KINDS) + r")(?:-start)?\(")
 _SHAPE = re.compile(r"([a-z0-9]+)\[([0-9,]*)\]")
+# XLA numbers the elements of a long tuple with comments ("/*index=5*/"), whose "=" would end a match
+_COMMENT = re.compile(r"/\*.*?\*/")
 
 
 @dataclass(frozen=True)
@@ -34,7 +36,7 @@ class Collective:
 def collectives(hlo_text: str) -> list[Collective]:
     """Every collective in an HLO module's text (an async pair counted once, at its start)."""
     found = []
-    for m in _OP.finditer(hlo_text):
+    for m in _OP.finditer(_COMMENT.sub("", hlo_text)):
         shapes = tuple((dt, tuple(int(d) for d in dims.split(",") if d)) for dt, dims in _SHAPE.findall(m.group(1)))
         found.append(Collective(m.group(2), shapes))
     return found

@@ -52,7 +52,13 @@ def run(cfg, params, layout: dict) -> dict:
     engine.check_all_free()
     followup = data_parallel_followup(engine, prompts, sps, reqs) if engine.ranks > 1 else None
     found = collectives(lower_step(engine, engine.bucket_shapes()[0]).compile().as_text())
+    store = engine.prefix.store[0]
     return {
+        # the prefix cache's operations program: what it moves between devices, and the snapshot store's
+        # entries per device (data parallelism: a rank's own)
+        "cache_ops_collectives": [(c.kind, c.shapes, c.bytes) for shape in engine.prefix.shapes()
+                                  for c in collectives(engine.prefix.lower(shape).compile().as_text())],
+        "store_entries": [store.shape[0], store.sharding.shard_shape(store.shape)[0]],
         "followup": followup,
         "engine": engine,
         "tokens": [list(r.output_token_ids) for r in reqs],
@@ -229,6 +235,8 @@ def main(layouts: list[dict]) -> None:
             "devices": len(out["engine"].params["embed"].sharding.device_set),
             "followup": out["followup"],
             "collectives": out["collectives"],
+            "cache_ops_collectives": out["cache_ops_collectives"],
+            "store_entries": out["store_entries"],
             "weight_or_pool_moved": [c for c in out["collectives"]
                                      if any(tuple(s) in moved for _, s in c[1])],
         }), flush=True)

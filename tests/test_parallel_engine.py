@@ -125,6 +125,17 @@ def test_step_moves_activations_only(parallel_runs, i):
         assert len(gathers) >= 4 and len(scatters) >= 4, run["collectives"]
 
 
+@pytest.mark.parametrize("i", range(1, len(LAYOUTS) + 1), ids=[json.dumps(x) for x in LAYOUTS])
+def test_prefix_cache_operations_stay_on_their_rank(parallel_runs, i):
+    """The snapshot store is split by rank under data parallelism (each device holds its rank's entries,
+    not every rank's), and the program that saves, restores and copies moves nothing between devices
+    (before: a replicated store, and an all-reduce of the saved rows in every dispatch)."""
+    run = parallel_runs[0][i]
+    total, per_device = run["store_entries"]
+    assert per_device * ranks(run["layout"]) == total
+    assert run["cache_ops_collectives"] == []
+
+
 def test_llm_loads_each_weight_straight_onto_the_mesh(parallel_runs):
     """A V4-Flash does not fit on one device first: LLM() reads each weight into its sharding, so placing
     the tree afterwards moves nothing (the MTP block included, speculation on)."""

@@ -132,7 +132,7 @@ def _state_specs(family, cfg, layout):
     return jax.tree.map(lambda s: _dp_only(s.spec), state_shardings(family, cfg, layout))
 
 
-def _per_rank(fn, family, cfg, layout, specs, params, state, per_rank_args):
+def per_rank(fn, family, cfg, layout, specs, params, state, per_rank_args):
     """fn(local layout, params, state, *args with the rank's row) over "dp"; -> (outputs, state)."""
     ranks = num_ranks(cfg)
     local = rank_layout(layout, ranks)
@@ -175,7 +175,7 @@ def dp_step(family, cfg, layout, shape: PlanShape, specs, params, state, inputs:
         tok, rows, tables = unpack(shape, pools, ints, floats)
         return run_step(family, cfg, local, params, state, tok, rows, tables, shape.num_drafts, mask, shape.varlen)
 
-    out, state = _per_rank(fn, family, cfg, layout, specs, params, state,
+    out, state = per_rank(fn, family, cfg, layout, specs, params, state,
                            (inputs.ints, inputs.floats, _rank_bitmask(bitmask, num_ranks(cfg))))
     return _in_plan_order(out, inputs), state
 
@@ -188,7 +188,7 @@ def dp_forward(family, cfg, layout, shape: PlanShape, specs, params, state, inpu
         tok, rows, tables = unpack(shape, pools, ints, floats)
         return forward_half(family, cfg, local, params, state, tok, rows, tables)
 
-    return _per_rank(fn, family, cfg, layout, specs, params, state, (inputs.ints, inputs.floats))
+    return per_rank(fn, family, cfg, layout, specs, params, state, (inputs.ints, inputs.floats))
 
 
 def dp_sample(family, cfg, layout, shape: PlanShape, specs, params, state, fwd: Forwarded, inputs: RankInputs, floats,
@@ -200,7 +200,7 @@ def dp_sample(family, cfg, layout, shape: PlanShape, specs, params, state, fwd: 
         return sample_half(family, cfg, local, params, state, fwd, tok, rows, tables, shape.num_drafts, mask,
                            shape.varlen)
 
-    out, state = _per_rank(fn, family, cfg, layout, specs, params, state,
+    out, state = per_rank(fn, family, cfg, layout, specs, params, state,
                            (fwd, inputs.ints, inputs.floats, _rank_bitmask(bitmask, num_ranks(cfg))))
     return _in_plan_order(out, inputs), state
 
@@ -214,7 +214,7 @@ def dp_burst(family, cfg, layout, shape: PlanShape, specs, params, state, inputs
         tok, rows, tables = unpack(shape, pools, ints, floats)
         return burst_steps(family, cfg, local, params, state, tok, rows, tables, shape.steps, mask)
 
-    tokens, state = _per_rank(fn, family, cfg, layout, specs, params, state,
+    tokens, state = per_rank(fn, family, cfg, layout, specs, params, state,
                               (inputs.ints, inputs.floats, _rank_bitmask(bitmask, num_ranks(cfg))))
     return _flat(tokens)[inputs.rows], state
 

@@ -287,8 +287,7 @@ class LLMEngine:
     def _apply_cache_ops(self, plan: StepPlan) -> None:
         """The plan's prefix-cache operations (snapshots, restores, page copies), dispatched before its step."""
         if plan.cache:
-            ops, plan.cache = plan.cache, type(plan.cache)()
-            self.prefix.apply(ops)
+            self.prefix.take(plan)
 
     @staticmethod
     def _drafts_read(plan: StepPlan) -> None:

@@ -19,7 +19,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from deepinfer.kv.paged_state import EngineState, pin_state
+from deepinfer.kv.paged_state import EngineState, pin_state, state_shardings
 from deepinfer.models.interface import ModelFamily, PagedLayout
 
 
@@ -45,16 +45,25 @@ def init_store(family: ModelFamily, cfg, layout: PagedLayout, dtype, num_snapsho
 def _init_store(family: ModelFamily, cfg, layout: PagedLayout, dtype, num_snapshots: int) -> list[jax.Array]:
     shapes = jax.tree.leaves(jax.eval_shape(lambda: family.init_state(cfg, layout, dtype)))
     kinds = leaf_kinds(family, cfg, layout)
-    return _pin_store(cfg, [jnp.zeros((num_snapshots, *x.shape[1:]), x.dtype)
-                            for x, k in zip(shapes, kinds) if k == "slot"])
+    return pin_store(family, cfg, layout, [jnp.zeros((num_snapshots, *x.shape[1:]), x.dtype)
+                                           for x, k in zip(shapes, kinds) if k == "slot"])
 
 
-def _pin_store(cfg, store: list[jax.Array]) -> list[jax.Array]:
-    """On a mesh, the store is whole on every device (as pin_state does for the state: placed the same
-    way in and out of every program)."""
-    if getattr(cfg, "sharding", None) is None:
-        return store
-    return [jax.lax.with_sharding_constraint(x, cfg.sharding.replicated()) for x in store]
+def store_shardings(family: ModelFamily, cfg, layout: PagedLayout) -> list | None:
+    """On a mesh, each store leaf is placed as the per-slot state leaf it copies: its entries follow
+    the rule for "slot", so under data parallelism rank r's devices hold rank r's entries (r * E ..)
+    and a snapshot never leaves its rank; otherwise whole on every device. None: one device."""
+    shardings = state_shardings(family, cfg, layout)
+    if shardings is None:
+        return None
+    kinds = leaf_kinds(family, cfg, layout)
+    return [s for s, k in zip(jax.tree.leaves(shardings.model), kinds) if k == "slot"]
+
+
+def pin_store(family: ModelFamily, cfg, layout: PagedLayout, store: list[jax.Array]) -> list[jax.Array]:
+    """Inside a program: the store placed the same way in and out of every program (as pin_state)."""
+    shardings = store_shardings(family, cfg, layout)
+    return store if shardings is None else jax.lax.with_sharding_constraint(store, shardings)
 
 
 _init_store_jit = jax.jit(_init_store, static_argnums=(0, 1, 2, 3, 4))
@@ -103,6 +112,14 @@ def pack_ops(ops, shape: OpsShape, num_slots: int, pools: tuple[tuple[str, int],
 
 def cache_ops(family: ModelFamily, cfg, layout: PagedLayout, shape: OpsShape, state: EngineState,
               store: list[jax.Array], ints: jax.Array) -> tuple[EngineState, list[jax.Array]]:
+    state, store = apply_ops(family, cfg, layout, shape, state, store, ints)
+    return pin_state(family, cfg, layout, state), pin_store(family, cfg, layout, store)
+
+
+def apply_ops(family: ModelFamily, cfg, layout: PagedLayout, shape: OpsShape, state: EngineState,
+              store: list[jax.Array], ints: jax.Array) -> tuple[EngineState, list[jax.Array]]:
+    """The operations of ``ints`` (pack_ops) on the state and store of ``layout``'s slots, pages and
+    ``shape.num_snapshots`` entries (with data parallelism: one rank's, its local ids)."""
     k, m = shape.num_ops, shape.num_marks
     pools = [name for name, _ in layout.num_pages]
     cut = lambda i, n: ints[i : i + n]  # noqa: E731
@@ -134,8 +151,7 @@ def cache_ops(family: ModelFamily, cfg, layout: PagedLayout, shape: OpsShape, st
         counts = counts.at[jnp.where(mark_out > 0, mark_slot, counts.shape[0]), mark_tok].add(1, mode="drop")
         in_prompt = in_prompt.at[jnp.where(mark_out > 0, in_prompt.shape[0], mark_slot), mark_tok].set(True, mode="drop")
     model = jax.tree.unflatten(treedef, out)
-    state = state.replace(model=model, counts=counts, in_prompt=in_prompt)
-    return pin_state(family, cfg, layout, state), _pin_store(cfg, store)
+    return state.replace(model=model, counts=counts, in_prompt=in_prompt), store
 
 
 cache_ops_jit = jax.jit(cache_ops, static_argnums=(0, 1, 2, 3), donate_argnums=(4, 5))
