@@ -138,3 +138,29 @@ def test_the_steady_state_value_is_the_ranked_plans_value():
         caps = [cap for _, cap in steady]
         assert abs(_steady_value(caps, n, cost, prior, None) - ranked) < 1e-12, case
         assert abs(_steady_value(caps, n, cost, prior, TOKENS) - ranked) < 1e-12, case
+
+
+def test_memoised_depth_values_plan_what_recomputing_them_does():
+    """plan_speculation keeps the steady-state values of depths >= 1 while the model's speculative
+    prices stay as they were; through a run of observations of both kinds (a plain one leaves them,
+    a speculative one drops them) every plan equals the one a memo-less cost function gets."""
+    rng = random.Random(2)
+    model = _warm({d: 0.1 * d for d in range(6)}, width_ms=0.05)
+    fresh = lambda t, r, d, w: model(t, r, d, w)  # noqa: E731  (no versions: nothing kept)
+    reqs = [Request(f"r{i}", [2, 3], SamplingParams(max_tokens=40)) for i in range(12)]
+    memo_used = 0
+    for step in range(400):
+        n = rng.randint(1, 12)
+        for r in reqs[:n]:
+            r.draft_confidence = [rng.random() for _ in range(5)]
+        steady = [(r, rng.randint(0, 5)) for r in reqs[:n]]
+        cands = [(r, cap, rng.randint(0, cap)) for r, cap in steady]
+        prior = rng.choice([[0.9, 0.8, 0.7, 0.6, 0.5], [0.3] * 5])
+        kept = len(model.memo)
+        planned = plan_speculation(cands, n, n, steady, model, prior, 5, TOKENS)
+        memo_used += kept > 1 and len(model.memo) == kept  # every depth's value was in the memo
+        assert planned == plan_speculation(cands, n, n, steady, fresh, prior, 5, TOKENS), step
+        speculative = rng.random() < 0.3
+        key = model.key(rng.choice(TOKENS), n, rng.randint(1, 5) if speculative else 0)
+        model.observe(key, 1e-3 * rng.uniform(0.5, 8.0))
+    assert memo_used > 20  # the memo was in play, not always dropped

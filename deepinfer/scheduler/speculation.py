@@ -169,12 +169,35 @@ def plan_speculation(cands: list[tuple[Request, int, int]], base_tokens: int, ro
 
     n = max(len(steady), 1)
     caps = [cap for _, cap in steady]
-    values = {d: _steady_value([min(cap, d) for cap in caps], n, at(d), prior, token_buckets)
-              for d in range(0, max_depth + 1)}
+    values = {0: _steady_value([0] * len(caps), n, at(0), prior, token_buckets)}
+    memo = _speculative_memo(step_cost)
+    for d in range(1, max_depth + 1):
+        capped = [min(cap, d) for cap in caps]
+        key = (d, n, tuple(sorted(capped)), tuple(prior or ()), token_buckets)
+        value = memo.get(key) if memo is not None else None
+        if value is None:
+            value = _steady_value(capped, n, at(d), prior, token_buckets)
+            if memo is not None:
+                memo[key] = value
+        values[d] = value
     depth = max(values, key=lambda d: (values[d], -d))
     # drafts already made are verified if they pay, whatever the depth for the next step
     return plan_drafts([(req, min(cap, have)) for req, cap, have in cands], base_tokens, rows, at(depth),
                        prior, token_buckets), depth
+
+
+def _speculative_memo(step_cost) -> dict | None:
+    """Steady-state values of depths >= 1, kept while the model's speculative prices stay as they were
+    (step_cost.StepCostModel.speculative_version): such a depth's value reads only speculative keys
+    (depth > 0), so while the planner keeps choosing depth 0, whose plain steps are all it observes,
+    each step prices depth 0 alone. None for a cost function without versions (tests' lambdas)."""
+    version = getattr(step_cost, "speculative_version", None)
+    if version is None:
+        return None
+    if step_cost.memo.get("version") != version or len(step_cost.memo) > 4096:  # (bounded on a long idle run)
+        step_cost.memo.clear()
+        step_cost.memo["version"] = version
+    return step_cost.memo
 
 
 def _steady_value(caps: list[int], n: int, step_cost, prior: list[float] | None,
