@@ -27,7 +27,7 @@ from deepinfer.llm import LLM  # noqa: E402
 from deepinfer.runtime.engine import LLMEngine  # noqa: E402
 from deepinfer.engine_config import EngineConfig  # noqa: E402
 from deepinfer.runtime.step_program import lower_step  # noqa: E402
-from sharding.collectives import collectives, summary  # noqa: E402
+from sharding.collectives import collectives, in_control_flow, summary  # noqa: E402
 
 LAYOUTS = [{"tensor_parallel_size": 2}, {"tensor_parallel_size": 4},
            {"tensor_parallel_size": 2, "enable_expert_parallel": True},
@@ -47,11 +47,16 @@ def measured(cfg, params) -> list[dict]:
         shapes = engine.bucket_shapes()
         decode = next(s for s in shapes if s.num_tokens >= ENGINE["max_num_seqs"])
         for kind, shape in (("decode", decode), ("prefill", shapes[-1])):
-            found = summary(collectives(lower_step(engine, shape).compile().as_text()))
+            text = lower_step(engine, shape).compile().as_text()
+            found = summary(collectives(text))
+            # a collective in a loop runs once per iteration; one in a conditional's branch on some steps only
+            inside = {k: len(v) for k, v in in_control_flow(text).items()}
             rows.append({"layout": layout, "step": kind, "tokens": shape.num_tokens, "rows": shape.num_rows,
-                         "collectives": found, "bytes": sum(b for _, b in found.values())})
+                         "collectives": found, "bytes": sum(b for _, b in found.values()),
+                         "in_loops": inside["loop"], "in_branches": inside["branch"]})
             print(f"{str(layout):58s} {kind:8s} T={shape.num_tokens:4d} " + "  ".join(
-                f"{k} x{n} {b / 1024:.1f} KiB" for k, (n, b) in sorted(found.items())), flush=True)
+                f"{k} x{n} {b / 1024:.1f} KiB" for k, (n, b) in sorted(found.items()))
+                + f"  (in loops {inside['loop']}, in branches {inside['branch']})", flush=True)
     return rows
 
 

@@ -23,7 +23,7 @@ from deepinfer.runtime.compile_guard import CompileCounter
 from deepinfer.runtime.engine import LLMEngine
 from deepinfer.runtime.step_program import lower_step
 from deepinfer.scheduler.sampling_params import SamplingParams
-from sharding.collectives import collectives
+from sharding.collectives import collectives, in_control_flow
 
 ENGINE = dict(max_num_seqs=4, max_num_batched_tokens=32, max_model_len=128, page_size=4, token_buckets=(8, 32),
               num_pages=(("csa", 8), ("hca", 4)), keep_logits=True,
@@ -51,7 +51,11 @@ def run(cfg, params, layout: dict) -> dict:
         engine.run_until_done()
     engine.check_all_free()
     followup = data_parallel_followup(engine, prompts, sps, reqs) if engine.ranks > 1 else None
-    found = collectives(lower_step(engine, engine.bucket_shapes()[0]).compile().as_text())
+    smallest = engine.bucket_shapes()[0]
+    text = lower_step(engine, smallest).compile().as_text()
+    found = collectives(text)
+    largest = max((s for s in engine.bucket_shapes() if s.steps == 1), key=lambda s: s.num_tokens)
+    texts = [text] + ([lower_step(engine, largest).compile().as_text()] if largest != smallest else [])
     store = engine.prefix.store[0]
     return {
         # the prefix cache's operations program: what it moves between devices, and the snapshot store's
@@ -66,6 +70,9 @@ def run(cfg, params, layout: dict) -> dict:
         "compiles_after_warmup": compiles.count,
         "preemptions": engine.scheduler.num_preemptions,
         "collectives": [(c.kind, c.shapes, c.bytes) for c in found],
+        # run by a loop (per iteration) or only by a conditional's branch, in the smallest or the largest step
+        **{f"{kind}_collectives": [(c.kind, c.shapes) for t in texts for c in in_control_flow(t)[kind]]
+           for kind in ("loop", "branch")},
     }
 
 
@@ -236,6 +243,8 @@ def main(layouts: list[dict]) -> None:
             "followup": out["followup"],
             "collectives": out["collectives"],
             "cache_ops_collectives": out["cache_ops_collectives"],
+            "loop_collectives": out["loop_collectives"],
+            "branch_collectives": out["branch_collectives"],
             "store_entries": out["store_entries"],
             "weight_or_pool_moved": [c for c in out["collectives"]
                                      if any(tuple(s) in moved for _, s in c[1])],

@@ -110,6 +110,16 @@ def test_step_moves_activations_only(parallel_runs, i):
     assert "all-reduce" in kinds and "all-gather" in kinds
     # no distributed sort over a split vocabulary, no re-sharding shuffles
     assert "collective-permute" not in kinds and "all-to-all" not in kinds, sorted(kinds)
+    # what a layer exchanges, it exchanges once per step, in the smallest step and the largest: nothing in a
+    # loop's body, and in a conditional's branch only gathers made whole for prompt logprobs (the rows'
+    # logits, or under context parallelism their hidden states; only when a request asks). Tensor parallelism
+    # without expert parallelism once left the MoE's partial sums to the partitioner, which put an
+    # all-reduce in the CPU's pair loop (one per pair) and one in each expert's branch. (Not for the
+    # speculative layout: its step runs in a switch over sampling-grid widths, one branch per step, and the
+    # drafter's MTP layer in a loop, once per draft position, each with its exchanges.)
+    if "speculative_config" not in run["layout"]:
+        assert run["loop_collectives"] == [], run["loop_collectives"]
+        assert {c[0] for c in run["branch_collectives"]} <= {"all-gather"}, run["branch_collectives"]
     if run["layout"].get("enable_expert_parallel") and ranks(run["layout"]) == 1:
         # the experts' partial sums: one all-reduce of the step's [T, D] activations per MoE layer
         # (context parallel: of [T, D], the tokens gathered from the context-parallel devices first)

@@ -208,7 +208,52 @@ def moe(cfg: ModelConfig, p: dict, mlp_type: str, x: jax.Array, token_ids: jax.A
     weights, experts = route(cfg, p["gate"], mlp_type, flat, token_ids.reshape(-1))
     # EPLB: the experts live in physical slots (some replicated); each pick goes to one replica
     slots = physical_choice(p["placement"], experts, token_ids.reshape(-1)) if "placement" in p else experts
-    out = routed_experts(cfg, p["experts"], flat, weights, slots)
-    if "shared" in p:
-        out = out + expert_mlp(cfg, p["shared"], flat)
+    axis = _width_axis(cfg.sharding, p)
+    if axis is not None:
+        out = _width_split_mlps(cfg, p, flat, weights, slots, axis)
+    else:
+        out = routed_experts(cfg, p["experts"], flat, weights, slots)
+        if "shared" in p:
+            out = out + expert_mlp(cfg, p["shared"], flat)
     return out.reshape(x.shape), experts.reshape(*x.shape[:-1], -1)
+
+
+def _width_axis(plan, p: dict) -> str | None:
+    """The mesh axis the experts' MLP width is split over when the experts themselves are not split
+    (tensor parallelism without expert parallelism), with the shared expert's width split alike; else None."""
+    if plan is None or plan.expert_axes:
+        return None
+    rules = plan.rules
+    axis = rules.get("expert_mlp")
+    if not isinstance(axis, str) or plan.mesh.shape.get(axis, 1) == 1:
+        return None
+    return axis if "shared" not in p or rules.get("mlp") == axis else None
+
+
+def _width_split_mlps(cfg: ModelConfig, p: dict, x: jax.Array, weights: jax.Array, experts: jax.Array,
+                      axis: str) -> jax.Array:
+    """Tensor parallelism without expert parallelism: every device holds every expert's (and the
+    shared expert's) slice of the MLP width, runs its slices on the tokens routed to them and the
+    partial sums are added once per layer (one all-reduce of [N, D] over ``axis``). Left to XLA's
+    partitioner, the reduction lands inside the CPU formulations' loops and branches instead: an
+    all-reduce per (token, expert) pair in the pair loop, one per routed expert's branch at prefill
+    (BENCHMARKS.md, the parallel layout)."""
+    P = jax.sharding.PartitionSpec
+    rows, cols = P(None, axis), P(None, None, axis)  # [E, width, D] and w2's [E, D, width]
+    specs = {"experts": {"w1": rows, "w2": cols, "w3": rows}}
+    mlps = {"experts": p["experts"]}
+    if "shared" in p:
+        specs["shared"] = {"w1": P(axis), "w2": P(None, axis), "w3": P(axis)}
+        mlps["shared"] = p["shared"]
+
+    def local(mlps, x, weights, experts):
+        out = _local_experts(cfg, mlps["experts"], x, weights, experts)
+        if "shared" in mlps:
+            out = out + expert_mlp(cfg, mlps["shared"], x)
+        return jax.lax.psum(out, axis)
+
+    plan = cfg.sharding
+    mesh = jax.sharding.get_abstract_mesh() if plan.in_data_parallel_step() else plan.mesh
+    rep = P()
+    return jax.shard_map(local, mesh=mesh, in_specs=(specs, rep, rep, rep), out_specs=rep,
+                         axis_names=frozenset({axis}), check_vma=False)(mlps, x, weights, experts)
