@@ -252,8 +252,6 @@ def _width_split_mlps(cfg: ModelConfig, p: dict, x: jax.Array, weights: jax.Arra
             out = out + expert_mlp(cfg, mlps["shared"], x)
         return jax.lax.psum(out, axis)
 
-    plan = cfg.sharding
-    mesh = jax.sharding.get_abstract_mesh() if plan.in_data_parallel_step() else plan.mesh
     rep = P()
-    return jax.shard_map(local, mesh=mesh, in_specs=(specs, rep, rep, rep), out_specs=rep,
+    return jax.shard_map(local, mesh=cfg.sharding.context_mesh(), in_specs=(specs, rep, rep, rep), out_specs=rep,
                          axis_names=frozenset({axis}), check_vma=False)(mlps, x, weights, experts)
