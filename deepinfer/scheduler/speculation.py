@@ -188,16 +188,14 @@ def plan_speculation(cands: list[tuple[Request, int, int]], base_tokens: int, ro
 
 def _speculative_memo(step_cost) -> dict | None:
     """Steady-state values of depths >= 1, kept while the model's speculative prices stay as they were
-    (step_cost.StepCostModel.speculative_version): such a depth's value reads only speculative keys
-    (depth > 0), so while the planner keeps choosing depth 0, whose plain steps are all it observes,
-    each step prices depth 0 alone. None for a cost function without versions (tests' lambdas)."""
-    version = getattr(step_cost, "speculative_version", None)
-    if version is None:
-        return None
-    if step_cost.memo.get("version") != version or len(step_cost.memo) > 4096:  # (bounded on a long idle run)
-        step_cost.memo.clear()
-        step_cost.memo["version"] = version
-    return step_cost.memo
+    (step_cost.StepCostModel.speculative_values, emptied when a speculative step is observed): such a
+    depth's value reads only speculative keys (depth > 0), so while the planner keeps choosing depth 0,
+    whose plain steps are all it observes, each step prices depth 0 alone. None for a cost function
+    that keeps none (tests' lambdas)."""
+    memo = getattr(step_cost, "speculative_values", None)
+    if memo is not None and len(memo) > 4096:  # (bounded on a long run of plain steps)
+        memo.clear()
+    return memo
 
 
 def _steady_value(caps: list[int], n: int, step_cost, prior: list[float] | None,

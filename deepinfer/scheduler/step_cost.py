@@ -41,10 +41,9 @@ class StepCostModel:
         # lockstep server ships process 0's observations (runtime/lockstep.py)
         self.frozen = False
         self._scale = {False: 1.0, True: 1.0}  # scale(kind) as of the last observation (recomputed only then)
-        # bumped whenever a speculative key's price may have changed: what the planner computed from
-        # speculative prices alone stays right until then (speculation.plan_speculation's memo)
-        self.speculative_version = 0
-        self.memo: dict = {}
+        # what the planner computed from speculative prices alone (speculation.plan_speculation: the
+        # steady-state values of depths >= 1), emptied whenever a speculative key's price may change
+        self.speculative_values: dict = {}
 
     def key(self, n_tokens: int, n_rows: int, depth: int, width: int = 1) -> tuple[int, int, int, int]:
         t = bucket_of(max(n_tokens, n_rows), self.token_buckets)
@@ -81,7 +80,7 @@ class StepCostModel:
         self._mean[key] = seconds if n == 0 else (1 - SMOOTHING) * self._mean[key] + SMOOTHING * seconds
         self._seen[key] = n + 1
         if self.speculative(key):
-            self.speculative_version += 1
+            self.speculative_values.clear()
         if n + 1 >= MIN_OBSERVATIONS:
             kind = self.speculative(key)
             self._scale[kind] = self.scale(kind)
