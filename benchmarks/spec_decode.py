@@ -8,7 +8,10 @@ the model's own text), run to completion through LLMEngine with speculation off 
 with k drafts per decode row, and confidence-scheduled ("var": up to 5 drafts, as many per
 request as the drafter's confidence and the measured step costs make worth verifying);
 every setting is measured in this one run, each engine warmed up first, the workload run
---rounds times on it (the fastest round counts: this machine is noisy). Decode tok/s counts
+--rounds times on it (the fastest round counts: this machine is noisy). A setting's rounds alternate
+with rounds of speculation off on a warm engine kept beside it, and its speedup is its fastest round
+over off's fastest of those same rounds ("off tok/s" beside it): this machine's speed drifts by tens
+of percent over minutes, which a ratio of engines measured one after the other reads as speedup. Decode tok/s counts
 the output tokens after each request's first, over the time from the last first token to the end. Mean
 accepted length = tokens emitted per verified row (1 + accepted drafts). Also checks that
 every stream equals speculation off.
@@ -36,7 +39,7 @@ from deepinfer.runtime.engine import LLMEngine  # noqa: E402
 from deepinfer.scheduler.sampling_params import SamplingParams  # noqa: E402
 
 
-def run(cfg, params, k: str, prompts, new_tokens: int, max_seqs: int, rounds: int, buckets=None) -> dict:
+def make_engine(cfg, params, k: str, max_seqs: int, buckets=None) -> LLMEngine:
     drafts = 5 if k == "var" else int(k)
     spec = {"method": "mtp", "num_speculative_tokens": drafts} if drafts else None
     budget = max(buckets) if buckets else max(256, 8 * max_seqs)
@@ -44,28 +47,49 @@ def run(cfg, params, k: str, prompts, new_tokens: int, max_seqs: int, rounds: in
                       speculative_config=spec, mtp_varlen=k == "var", token_buckets=buckets)
     engine = LLMEngine(cfg, params, ec)
     engine.warmup()
+    return engine
+
+
+def one_round(engine: LLMEngine, prompts, new_tokens: int) -> tuple[float, int, list]:
+    """The workload once on a warm engine -> (decode tok/s, steps from the last first token, streams)."""
     sp = SamplingParams(max_tokens=new_tokens, temperature=0.0, ignore_eos=True)
-    best, streams = 0.0, None
-    for _ in range(rounds):  # the same workload again on the warm engine; the fastest round counts
-        reqs = [engine.add_request(p, sp) for p in prompts]
-        while any(not r.output_token_ids or r.output_token_ids[0] is None for r in reqs):
-            engine.step()
-        t0 = time.perf_counter()
-        steps0 = engine.num_steps
-        counted = sum(len(r.output_token_ids) for r in reqs)
-        engine.run_until_done()
-        dt = time.perf_counter() - t0
-        decoded = sum(len(r.output_token_ids) for r in reqs) - counted
-        if decoded / dt > best:
-            best, steps = decoded / dt, engine.num_steps - steps0
-        streams = streams or [r.output_token_ids for r in reqs]
+    reqs = [engine.add_request(p, sp) for p in prompts]
+    while any(not r.output_token_ids or r.output_token_ids[0] is None for r in reqs):
+        engine.step()
+    t0 = time.perf_counter()
+    steps0 = engine.num_steps
+    counted = sum(len(r.output_token_ids) for r in reqs)
+    engine.run_until_done()
+    dt = time.perf_counter() - t0
+    decoded = sum(len(r.output_token_ids) for r in reqs) - counted
+    return decoded / dt, engine.num_steps - steps0, [r.output_token_ids for r in reqs]
+
+
+def summary(engine: LLMEngine, k: str, best: float, steps: int) -> dict:
     stats = engine.stats()
     return {
         "k": k, "decode_tok_s": round(best, 1), "steps": steps,
         "mean_accepted_len": round(1 + stats.num_accepted_tokens / stats.num_drafts, 3) if stats.num_drafts else None,
         "accepted_per_position": [round(a / stats.num_drafts, 3) for a in stats.accepted_per_position] if stats.num_drafts else [],
-        "streams": streams,
     }
+
+
+def paired(cfg, params, k: str, base: LLMEngine, prompts, new_tokens: int, max_seqs: int, rounds: int,
+           buckets=None) -> tuple[dict, float, list]:
+    """Setting k against speculation off, their rounds alternating on two warm engines (this machine drifts
+    by tens of percent over minutes, so a ratio of two engines measured minutes apart is mostly that drift):
+    (k's figures with its speedup = best round over off's best round among the same rounds, off's best
+    round then, k's streams)."""
+    engine = make_engine(cfg, params, k, max_seqs, buckets)
+    best = best_off = 0.0
+    for _ in range(rounds):
+        best_off = max(best_off, one_round(base, prompts, new_tokens)[0])
+        rate, n, streams = one_round(engine, prompts, new_tokens)
+        if rate > best:
+            best, steps = rate, n
+    r = summary(engine, k, best, steps)
+    r["speedup"] = round(best / best_off, 3)
+    return r, best_off, streams
 
 
 def main() -> None:
@@ -83,25 +107,33 @@ def main() -> None:
     cfg, params = load_checkpoint(default_model_dir(), mtp="require")
     rng = np.random.default_rng(0)
     results = []
-    print(f"{'conc':>5} {'k':>3} {'decode tok/s':>13} {'speedup':>8} {'accepted len':>13} {'steps':>6}  per-position acceptance")
+    print(f"{'conc':>5} {'k':>3} {'decode tok/s':>13} {'off tok/s':>10} {'speedup':>8} {'accepted len':>13} {'steps':>6}  per-position acceptance")
     for c in (int(x) for x in args.concurrency.split(",")):
         prompts = [rng.integers(3, cfg.vocab_size, args.prompt_len).tolist() for _ in range(c)]
-        base = None
-        for k in args.ks.split(","):
-            r = run(cfg, params, k, prompts, args.new_tokens, max(c, 4), args.rounds, buckets)
-            if k == "0":
-                base = r
-            r["speedup"] = round(r["decode_tok_s"] / base["decode_tok_s"], 3) if base else None
-            r["equal_to_off"] = base is not None and r["streams"] == base["streams"]
-            r["concurrency"] = c
-            print(f"{c:>5} {k:>3} {r['decode_tok_s']:>13} {r['speedup']!s:>8} {r['mean_accepted_len']!s:>13} "
-                  f"{r['steps']:>6}  {r['accepted_per_position']} {'' if r['equal_to_off'] else 'STREAMS DIFFER'}",
-                  flush=True)
-            results.append(r)
+        base = make_engine(cfg, params, "0", max(c, 4), buckets)
+        best_off, off_steps, off_streams = max(one_round(base, prompts, args.new_tokens) for _ in range(args.rounds))
+        rows = [dict(summary(base, "0", best_off, off_steps), speedup=1.0, streams=off_streams)]
+        for k in (k for k in args.ks.split(",") if k != "0"):
+            r, paired_off, streams = paired(cfg, params, k, base, prompts, args.new_tokens, max(c, 4), args.rounds, buckets)
+            r["off_tok_s_alongside"] = round(paired_off, 1)
+            r["streams"] = streams
+            rows.append(r)
             # free this engine's programs: XLA CPU maps ~900 regions per compiled program and a run of
-            # many engines otherwise exhausts vm.max_map_count (65530), failing with "Cannot allocate memory"
+            # many engines otherwise exhausts vm.max_map_count (65530), failing with "Cannot allocate memory";
+            # that frees the off engine's too, so it compiles them again before its next pairing
             gc.collect()
             jax.clear_caches()
+            base.warmup()
+        for r in rows:
+            r["equal_to_off"] = r["streams"] == off_streams
+            r["concurrency"] = c
+            print(f"{c:>5} {r['k']:>3} {r['decode_tok_s']:>13} {r.get('off_tok_s_alongside', '-')!s:>10} "
+                  f"{r['speedup']!s:>8} {r['mean_accepted_len']!s:>13} {r['steps']:>6}  {r['accepted_per_position']} "
+                  f"{'' if r['equal_to_off'] else 'STREAMS DIFFER'}", flush=True)
+        results.extend(rows)
+        del base
+        gc.collect()
+        jax.clear_caches()
     for r in results:
         del r["streams"]
     write_record({"benchmark": "spec_decode", "model": "deepinfer-tiny-v4", "new_tokens": args.new_tokens,
