@@ -8,7 +8,7 @@ the model's own text), run to completion through LLMEngine with speculation off 
 with k drafts per decode row, and confidence-scheduled ("var": up to 5 drafts, as many per
 request as the drafter's confidence and the measured step costs make worth verifying);
 every setting is measured in this one run, each engine warmed up first, the workload run
---rounds times on it (the fastest round counts: this machine is noisy). A setting's rounds alternate
+--rounds times on it, and again until --min-seconds have passed (the fastest round counts: this machine is noisy). A setting's rounds alternate
 with rounds of speculation off on a warm engine kept beside it, and its speedup is its fastest round
 over off's fastest of those same rounds ("off tok/s" beside it): this machine's speed drifts by tens
 of percent over minutes, which a ratio of engines measured one after the other reads as speedup. Decode tok/s counts
@@ -74,15 +74,24 @@ def summary(engine: LLMEngine, k: str, best: float, steps: int) -> dict:
     }
 
 
+def rounds_of(rounds: int, min_seconds: float):
+    """Round numbers until at least ``rounds`` ran and ``min_seconds`` passed: at low concurrency a round
+    lasts ~50 ms, where one hiccup of this machine moves a best-of-3 by a quarter."""
+    t0, i = time.perf_counter(), 0
+    while i < rounds or time.perf_counter() - t0 < min_seconds:
+        yield i
+        i += 1
+
+
 def paired(cfg, params, k: str, base: LLMEngine, prompts, new_tokens: int, max_seqs: int, rounds: int,
-           buckets=None) -> tuple[dict, float, list]:
+           min_seconds: float, buckets=None) -> tuple[dict, float, list]:
     """Setting k against speculation off, their rounds alternating on two warm engines (this machine drifts
     by tens of percent over minutes, so a ratio of two engines measured minutes apart is mostly that drift):
     (k's figures with its speedup = best round over off's best round among the same rounds, off's best
     round then, k's streams)."""
     engine = make_engine(cfg, params, k, max_seqs, buckets)
     best = best_off = 0.0
-    for _ in range(rounds):
+    for _ in rounds_of(rounds, min_seconds):
         best_off = max(best_off, one_round(base, prompts, new_tokens)[0])
         rate, n, streams = one_round(engine, prompts, new_tokens)
         if rate > best:
@@ -99,6 +108,7 @@ def main() -> None:
     ap.add_argument("--new-tokens", type=int, default=64)
     ap.add_argument("--prompt-len", type=int, default=32)
     ap.add_argument("--rounds", type=int, default=3, help="workload repeats per engine; the fastest counts")
+    ap.add_argument("--min-seconds", type=float, default=5.0, help="repeat rounds until this long has passed")
     ap.add_argument("--out", default=os.path.join(ROOT, "benchmarks", "results", "spec_decode.json"))
     ap.add_argument("--token-buckets", help="e.g. 8,32: compile only these step sizes (the largest is the token "
                     "budget); for a GPU, where each program compiles for long")
@@ -111,10 +121,12 @@ def main() -> None:
     for c in (int(x) for x in args.concurrency.split(",")):
         prompts = [rng.integers(3, cfg.vocab_size, args.prompt_len).tolist() for _ in range(c)]
         base = make_engine(cfg, params, "0", max(c, 4), buckets)
-        best_off, off_steps, off_streams = max(one_round(base, prompts, args.new_tokens) for _ in range(args.rounds))
+        best_off, off_steps, off_streams = max(one_round(base, prompts, args.new_tokens)
+                                               for _ in rounds_of(args.rounds, args.min_seconds))
         rows = [dict(summary(base, "0", best_off, off_steps), speedup=1.0, streams=off_streams)]
         for k in (k for k in args.ks.split(",") if k != "0"):
-            r, paired_off, streams = paired(cfg, params, k, base, prompts, args.new_tokens, max(c, 4), args.rounds, buckets)
+            r, paired_off, streams = paired(cfg, params, k, base, prompts, args.new_tokens, max(c, 4), args.rounds,
+                                           args.min_seconds, buckets)
             r["off_tok_s_alongside"] = round(paired_off, 1)
             r["streams"] = streams
             rows.append(r)

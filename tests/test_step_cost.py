@@ -120,7 +120,8 @@ def test_asking_the_cost_only_at_bucket_edges_plans_the_same():
 
 def test_the_steady_state_value_is_the_ranked_plans_value():
     """plan_speculation prices each depth's steady state position by position; the value is the
-    one ranking every draft finds (with and without the bucket edges)."""
+    one ranking every draft finds (with and without the bucket edges) among the plans that verify
+    some draft (drafting and verifying none is never a depth's steady state)."""
     from deepinfer.scheduler.speculation import _best, _steady_value
 
     rng = random.Random(1)
@@ -134,8 +135,11 @@ def test_the_steady_state_value_is_the_ranked_plans_value():
             t = next((x for x in TOKENS if tokens <= x), TOKENS[-1])
             return 1.0 + a * t + b * rows + c * width
 
-        ranked = _best(steady, n, n, cost, prior)[1]  # no confidences of their own: the prior's chances
         caps = [cap for _, cap in steady]
+        # no confidences of their own: the prior's chances; where some request may draft, only plans
+        # that verify a draft count (a cost of nothing verified that earns nothing rules the empty plan out)
+        drafting = lambda t, r, w: cost(t, r, w) if t > n or not any(caps) else float("inf")  # noqa: E731
+        ranked = _best(steady, n, n, drafting, prior)[1]
         assert abs(_steady_value(caps, n, cost, prior, None) - ranked) < 1e-12, case
         assert abs(_steady_value(caps, n, cost, prior, TOKENS) - ranked) < 1e-12, case
 
@@ -171,3 +175,36 @@ def test_memoised_depth_values_plan_what_recomputing_them_does(monkeypatch):
         key = model.key(rng.choice(TOKENS), n, rng.randint(1, 5) if speculative else 0)
         model.observe(key, 1e-3 * rng.uniform(0.5, 8.0))
     assert memo_used > 20  # the memo was in play, not always dropped
+
+
+def test_a_depth_that_would_verify_nothing_is_not_chosen():
+    """Warm-up noise prices drafting one token 1 % under a plain step; with drafts that are rarely
+    accepted, verifying them does not pay, so the steady state of depth 1 would draft every step and
+    verify nothing: that is depth 0's work at a higher real price, and depth 0 is chosen."""
+    model = _warm({0: 0.0, 1: -0.01, 2: 0.2, 3: 0.3, 4: 0.4, 5: 0.5}, width_ms=0.5)
+    reqs = [Request(f"r{i}", [2, 3], SamplingParams(max_tokens=40)) for i in range(4)]
+    for r in reqs:
+        r.draft_confidence = [0.05] * 5
+    steady = [(r, 5) for r in reqs]
+    cands = [(r, 5, 5) for r in reqs]
+    assert plan_speculation(cands, 4, 4, steady, model, [0.05] * 5, 5, TOKENS) == ({}, 0)
+    # with drafts worth verifying, depth 1 is still chosen where it pays
+    for r in reqs:
+        r.draft_confidence = [0.95] * 5
+    drafts, depth = plan_speculation(cands, 4, 4, steady, model, [0.95] * 5, 5, TOKENS)
+    assert depth >= 1 and drafts
+
+
+def test_speculation_must_beat_a_plain_step_by_the_margin():
+    """A depth >= 1 whose steady state promises less than SPECULATION_MARGIN over depth 0 is not
+    chosen (its estimate's error is larger than the gain); one that promises more is."""
+    from deepinfer.scheduler.speculation import SPECULATION_MARGIN
+
+    reqs = [Request(f"r{i}", [2, 3], SamplingParams(max_tokens=40)) for i in range(4)]
+    steady, cands = [(r, 1) for r in reqs], [(r, 1, 1) for r in reqs]
+    for r in reqs:
+        r.draft_confidence = [0.5]
+    for gain, depth in ((0.5 * (SPECULATION_MARGIN - 1), 0), (2 * (SPECULATION_MARGIN - 1), 1)):
+        # plain: 4 tokens per ms; depth 1: 4 + 4 * 0.5 expected tokens in a step priced to promise 1 + gain times that
+        cost = lambda t, r, d, w, g=gain: 1e-3 if d == 0 and w == 1 else 1.5e-3 / (1 + g)  # noqa: E731
+        assert plan_speculation(cands, 4, 4, steady, cost, [0.5], 1)[1] == depth, gain

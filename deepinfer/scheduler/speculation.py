@@ -39,6 +39,10 @@ from deepinfer.scheduler.buckets import bucket_of
 from deepinfer.scheduler.request import Request
 
 MAX_DRAFT_TOKENS = 5  # the product's cap (DEEPINFER_USE_NEXTN_DECODE <= 5)
+# how much more expected progress per second a draft depth >= 1 must promise than depth 0 to be chosen.
+# Measured (benchmarks/spec_decode.py, c = 4, 2026-12-07): a depth priced 4 % better than plain read 9 %
+# slower in the loop; the machine's step times scatter by about 10 % between runs.
+SPECULATION_MARGIN = 1.1
 
 
 def drafts_available(req: Request, num_speculative_tokens: int) -> int:
@@ -157,7 +161,8 @@ def plan_speculation(cands: list[tuple[Request, int, int]], base_tokens: int, ro
     (request, most drafts it could verify were it decoding) for every running request.
     step_cost(tokens, rows, depth, width): seconds per step (depth 0: the drafter skipped,
     feeding included). The depth D (drafts the drafter makes, for the next step; the device loop
-    runs D - 1 MTP passes whatever the rows) is the one whose steady state pays best: every
+    runs D - 1 MTP passes whatever the rows) is the one whose steady state pays best (a D >= 1 by
+    SPECULATION_MARGIN over D = 0): every
     running request decoding and verifying up to D drafts at depth D's cost, each position
     accepted as often as measured so far (``prior``: the drafter's own confidences are one step
     old with overlap, and of other drafts). This step then verifies, among the drafts there are,
@@ -180,7 +185,10 @@ def plan_speculation(cands: list[tuple[Request, int, int]], base_tokens: int, ro
             if memo is not None:
                 memo[key] = value
         values[d] = value
-    depth = max(values, key=lambda d: (values[d], -d))
+    # a depth >= 1 must beat depth 0 by SPECULATION_MARGIN: its figures are estimates (warm-up timings
+    # of another program, running means of a noisy loop), and a speculative step also pays host work
+    # they miss (planning, reading drafts, rolling back)
+    depth = max(values, key=lambda d: (values[d] / (SPECULATION_MARGIN if d else 1.0), -d))
     # drafts already made are verified if they pay, whatever the depth for the next step
     return plan_drafts([(req, min(cap, have)) for req, cap, have in cands], base_tokens, rows, at(depth),
                        prior, token_buckets), depth
@@ -204,8 +212,13 @@ def _steady_value(caps: list[int], n: int, step_cost, prior: list[float] | None,
     prior's chances (requests without confidences of their own) (expected tokens per second), without ranking every draft: all requests'
     drafts at one position are alike, and positions come in order (survival never grows), so the
     drafts taken are whole positions and part of the next; within a position the cost changes only
-    at token-bucket edges (``token_buckets``; None: at every count), where the value is checked."""
-    best = n / step_cost(n, n, 1)
+    at token-bucket edges (``token_buckets``; None: at every count), where the value is checked.
+
+    When some request may draft (a depth >= 1), only plans that verify at least one draft count: a
+    steady state that drafts and never verifies costs more than depth 0 and earns the same, but its
+    price comes from another program's timing, and noise there (measured: depth 1 priced 1 % under
+    depth 0 at 4 rows) would otherwise pick it, every step paying for drafts nobody verifies."""
+    best = 0.0 if any(caps) else n / step_cost(n, n, 1)
     expected, taken, survival = 0.0, 0, 1.0
     for i in range(max(caps, default=0)):
         count = sum(1 for c in caps if c > i)

@@ -1,7 +1,8 @@
 """The step-cost model confidence-scheduled speculation plans with: seconds per step by token
 bucket, row bucket, draft depth and sampling-grid width. Host only.
 
-Warm-up times each bucket on the device alone (runtime/warmup.py). That is a first guess, not
+Warm-up times each bucket on the device alone (runtime/warmup.time_costs: the fastest of a few
+interleaved passes, so the plain and speculating programs are timed under the same load). That is a first guess, not
 what a step costs in the loop: there the host plans, packs and reads every step, and on a CPU
 backend it shares the cores with the device's work, so speculation's own host work (planning,
 reading drafts, rolling back) lands on the step too. So the engine reports each step's real
