@@ -40,8 +40,8 @@ from deepinfer.scheduler.request import Request
 
 MAX_DRAFT_TOKENS = 5  # the product's cap (DEEPINFER_USE_NEXTN_DECODE <= 5)
 # how much more expected progress per second a draft depth >= 1 must promise than depth 0 to be chosen.
-# Measured (benchmarks/spec_decode.py, c = 4, 2026-12-07): a depth priced 4 % better than plain read 9 %
-# slower in the loop; the machine's step times scatter by about 10 % between runs.
+# Measured (benchmarks/spec_decode.py, c = 4, 2026-12-07, without it): the planner chose depth 1, and the
+# engine read 0.91x of plain beside it; the machine's step times scatter by about 10 % between runs.
 SPECULATION_MARGIN = 1.1
 
 
