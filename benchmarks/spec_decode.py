@@ -124,18 +124,18 @@ def main() -> None:
         best_off, off_steps, off_streams = max(one_round(base, prompts, args.new_tokens)
                                                for _ in rounds_of(args.rounds, args.min_seconds))
         rows = [dict(summary(base, "0", best_off, off_steps), speedup=1.0, streams=off_streams)]
-        for k in (k for k in args.ks.split(",") if k != "0"):
+        for i, k in enumerate(k for k in args.ks.split(",") if k != "0"):
+            if i:  # the last pairing's clear_caches (below) freed the off engine's programs too
+                base.warmup()
             r, paired_off, streams = paired(cfg, params, k, base, prompts, args.new_tokens, max(c, 4), args.rounds,
                                            args.min_seconds, buckets)
             r["off_tok_s_alongside"] = round(paired_off, 1)
             r["streams"] = streams
             rows.append(r)
             # free this engine's programs: XLA CPU maps ~900 regions per compiled program and a run of
-            # many engines otherwise exhausts vm.max_map_count (65530), failing with "Cannot allocate memory";
-            # that frees the off engine's too, so it compiles them again before its next pairing
+            # many engines otherwise exhausts vm.max_map_count (65530), failing with "Cannot allocate memory"
             gc.collect()
             jax.clear_caches()
-            base.warmup()
         for r in rows:
             r["equal_to_off"] = r["streams"] == off_streams
             r["concurrency"] = c
