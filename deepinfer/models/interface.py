@@ -121,6 +121,10 @@ class ModelFamily(Protocol):
     #   with_kernels(cfg, layout, max_pages, dtype, platform) -> cfg with the implementation of each op
     #   chosen for the platform in use (kernel or reference; logged). Without it the model runs as it is.
 
+    # Optional: compute_layout(params, platform) -> the same weights stored as the platform's kernels
+    # read them fastest (e.g. transposed on a CPU), applied once by the engine and generate() after
+    # placement; the model's functions must accept both layouts. Without it params stay as loaded.
+
     def check_draft(self, cfg, params: dict) -> None:
         """Raise ValueError naming what is missing when this config / these weights cannot draft."""
 

@@ -82,7 +82,7 @@ class LLMEngine:
         if config.batch_invariant != cfg.batch_invariant:
             cfg = cfg.replace(batch_invariant=config.batch_invariant)
         family = family or family_for(cfg)
-        cfg, params, self.expert_placement = on_mesh(family, cfg, params, config)  # one device: as they are
+        cfg, params, self.expert_placement = on_mesh(family, cfg, params, config)
         self.cfg, self.params, self.config, self.family = cfg, params, config, family
         # attention data-parallel: each rank its own slots, pools and scheduler (runtime/data_parallel.py)
         self.ranks = data_parallel.num_ranks(cfg)

@@ -25,6 +25,7 @@ from deepinfer.kv.paged_state import init_engine_state
 from deepinfer.models.interface import ModelFamily
 from deepinfer.models.registry import family_for
 from deepinfer.runtime.paged_step import run_step
+from deepinfer.runtime.platform import platform_in_use
 from deepinfer.runtime.trivial_schedule import (
     DEFAULT_MAX_BACKTRACK,
     SamplingArrays,
@@ -184,5 +185,7 @@ def generate(
     layout = StateLayout(batch=b, max_len=max_len, max_backtrack=max_backtrack)
     dtype = jnp.dtype(params["embed"].dtype)
     family = family or family_for(cfg)
+    if getattr(family, "compute_layout", None) is not None:  # as the engine's (pass engine.params to skip the work)
+        params = family.compute_layout(params, platform_in_use())
     return _generate_jit(family, cfg, layout, max_new_tokens, dtype, params, jnp.asarray(arr), jnp.asarray(lens),
                          sp, eos)

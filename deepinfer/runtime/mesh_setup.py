@@ -1,6 +1,7 @@
 """The engine on a mesh: its parallel layout (EngineConfig's vLLM-named sizes) turned into a
 ShardingPlan carried by the model config, the expert weights put in physical slots when EPLB is
-on, and the weights placed by the plan. One device without EPLB: unchanged."""
+on, and the weights placed by the plan (one device without EPLB: as they are), then laid out as the
+platform's dots want them (on a CPU, models/deepseek_v4/weight_layout.py)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import logging
 import jax
 
 from deepinfer.params import ParamSpec
+from deepinfer.runtime.platform import platform_in_use
 from sharding import expert_placement
 from sharding.placement import place_params
 
@@ -17,8 +19,16 @@ log = logging.getLogger("deepinfer.runtime.mesh")
 
 
 def on_mesh(family, cfg, params: dict, config, devices=None) -> tuple:
-    """(cfg with ``sharding`` set, params placed on the mesh, the expert placement [layers, slots] or
-    None). ``devices``: those to build the mesh from (default: every device JAX sees)."""
+    """(cfg with ``sharding`` set, params placed on the mesh (one device: as they are) and then in the
+    platform's compute layout (the family's ``compute_layout``, e.g. a CPU's transposed projections),
+    the expert placement [layers, slots] or None). ``devices``: those to build the mesh from (default:
+    every device JAX sees)."""
+    cfg, params, placement = _placed(family, cfg, params, config, devices)
+    lay = getattr(family, "compute_layout", None)
+    return cfg, (lay(params, platform_in_use()) if lay is not None else params), placement
+
+
+def _placed(family, cfg, params: dict, config, devices) -> tuple:
     parallel = config.parallel()
     plan = None if parallel.is_single_device else parallel.plan(devices if devices is not None else jax.devices())
     placement = None

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from deepinfer.models.deepseek_v4 import kernel_setup, paged_mtp, state
+from deepinfer.models.deepseek_v4 import kernel_setup, paged_mtp, state, weight_layout
 from deepinfer.models.deepseek_v4.model import forward
 from deepinfer.models.deepseek_v4.paged_forward import logits, paged_forward
 from deepinfer.models.deepseek_v4.param_tree import model_spec
@@ -44,6 +44,10 @@ class DeepSeekV4:
     def with_kernels(self, cfg, layout, max_pages, dtype, platform):
         """cfg with each op's Pallas kernel or reference chosen for the platform (kernel_setup.py)."""
         return kernel_setup.kernels_for(cfg, layout, max_pages, dtype, platform)
+
+    def compute_layout(self, params, platform):
+        """params with the dense projections stored as the platform's dot wants them (weight_layout.py)."""
+        return weight_layout.for_platform(params, platform)
 
     def replay_horizon(self, cfg, layout):
         return state.replay_horizon(cfg, layout)

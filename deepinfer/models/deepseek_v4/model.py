@@ -18,6 +18,7 @@ from deepinfer.models.deepseek_v4.attention import attention
 from deepinfer.models.deepseek_v4.block import AttentionFn, block
 from deepinfer.models.deepseek_v4.hyper_connections import hc_head
 from deepinfer.models.deepseek_v4.ops import einsum_f32, rms_norm
+from deepinfer.models.deepseek_v4.weight_layout import InOut
 
 
 def embed(params: dict, tokens: jax.Array) -> jax.Array:
@@ -29,7 +30,10 @@ def lm_head(cfg: ModelConfig, params: dict, head_params: dict, norm_w: jax.Array
     """Collapse streams with a hyper-connection head, norm, project to the vocabulary (fp32 logits)."""
     x = rms_norm(hc_head(cfg, head_params, streams), norm_w, cfg.rms_norm_eps)
     w = params["embed"] if cfg.tie_word_embeddings else params["head"]
-    logits = einsum_f32("...d,vd->...v", x, w.astype(x.dtype))
+    if isinstance(w, InOut):  # stored [D, V] (weight_layout.py)
+        logits = einsum_f32("...d,dv->...v", x, w.t.astype(x.dtype))
+    else:
+        logits = einsum_f32("...d,vd->...v", x, w.astype(x.dtype))
     if cfg.sharding is not None:
         # each device its slice of the vocabulary, then the logits whole on every device (one all-gather
         # of [.., V]). Left split, the sampler's top-k and sorts became distributed sorts (84

@@ -1,6 +1,7 @@
 """Small numeric building blocks shared by the V4 layers.
 
-Weights are ``[out, in]`` (checkpoint layout). Norms compute in fp32 and return
+Weights are ``[out, in]`` (checkpoint layout), or on a CPU the dense projections ``[in, out]``
+(weight_layout.py). Norms compute in fp32 and return
 the input dtype, as the reference does.
 """
 
@@ -9,6 +10,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from deepinfer.models.deepseek_v4.weight_layout import InOut
 from deepinfer.numerics import fixed_mean
 
 
@@ -25,8 +27,11 @@ def einsum_f32(equation: str, a: jax.Array, b: jax.Array) -> jax.Array:
     return jnp.einsum(equation, a, b, preferred_element_type=jnp.float32)
 
 
-def linear(x: jax.Array, w: jax.Array) -> jax.Array:
-    """x[..., in] @ w[out, in].T -> [..., out], accumulated in fp32, returned in x's dtype."""
+def linear(x: jax.Array, w) -> jax.Array:
+    """x[..., in] @ w[out, in].T -> [..., out], accumulated in fp32, returned in x's dtype. ``w`` may be
+    stored transposed (an InOut, weight_layout.py: the layout a CPU's dot is fast with)."""
+    if isinstance(w, InOut):
+        return einsum_f32("...k,kn->...n", x, w.t.astype(x.dtype)).astype(x.dtype)
     return einsum_f32("...k,nk->...n", x, w.astype(x.dtype)).astype(x.dtype)
 
 

@@ -2,7 +2,8 @@
 
 Keys follow the official release's short names (``wq_a``, ``wkv``, ``ffn.experts.w1``
 ...); ``weight_names.py`` maps the on-disk spellings to these paths. Matrices keep
-the checkpoint's ``[out, in]`` layout, so loading is a copy, never a transpose.
+the checkpoint's ``[out, in]`` layout, so loading is a copy, never a transpose (on a CPU the engine
+then stores the dense projections ``[in, out]``: weight_layout.py).
 Routed experts are stacked: ``w1``/``w3`` are ``[E, I, D]`` and ``w2`` is ``[E, D, I]``.
 
 Dtype policy mirrors the reference: hyper-connection weights, norms, sinks, the
