@@ -93,3 +93,25 @@ def test_the_engine_on_a_cpu_holds_the_laid_out_weights():
     layer = engine.params["layers"][0]
     assert isinstance(layer["attn"]["wq_a"], InOut) and isinstance(layer["ffn"]["gate"]["weight"], InOut)
     assert not isinstance(layer["ffn"]["experts"]["w1"], InOut)
+    # an uncommitted weight stays so: a committed one would miss the programs compiled ahead at warm-up
+    assert layer["attn"]["wq_a"].t.committed == case.params["layers"][0]["attn"]["wq_a"].committed
+
+
+def test_checkpoint_layout_undoes_it():
+    params = load_case("mixed").params
+    back = _leaves(weight_layout.checkpoint_layout(weight_layout.for_platform(params, "cpu")))
+    for path, x in _leaves(params).items():
+        assert not isinstance(back[path], InOut)
+        np.testing.assert_array_equal(np.asarray(back[path]), np.asarray(x))
+    assert weight_layout.checkpoint_layout(params) is params
+
+
+def test_an_engine_placing_another_engines_weights_reads_them_in_the_loaded_layout():
+    """(EPLB on one device puts the experts into slots first: placement, which reads the loaded tree)"""
+    case = load_case("mixed")
+    first = LLMEngine(case.cfg, case.params, EngineConfig(max_num_seqs=2, max_model_len=64))
+    second = LLMEngine(case.cfg, first.params, EngineConfig(max_num_seqs=2, max_model_len=64, enable_eplb=True,
+                                                            num_redundant_experts=2))
+    attn = second.params["layers"][0]["attn"]
+    assert isinstance(attn["wq_a"], InOut)
+    np.testing.assert_array_equal(np.asarray(attn["wq_a"].t), np.asarray(case.params["layers"][0]["attn"]["wq_a"]).T)

@@ -124,6 +124,7 @@ class ModelFamily(Protocol):
     # Optional: compute_layout(params, platform) -> the same weights stored as the platform's kernels
     # read them fastest (e.g. transposed on a CPU), applied once by the engine and generate() after
     # placement; the model's functions must accept both layouts. Without it params stay as loaded.
+    # With it, checkpoint_layout(params) -> its inverse (the loaded tree: what placement reads).
 
     def check_draft(self, cfg, params: dict) -> None:
         """Raise ValueError naming what is missing when this config / these weights cannot draft."""

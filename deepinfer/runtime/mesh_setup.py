@@ -23,9 +23,14 @@ def on_mesh(family, cfg, params: dict, config, devices=None) -> tuple:
     platform's compute layout (the family's ``compute_layout``, e.g. a CPU's transposed projections),
     the expert placement [layers, slots] or None). ``devices``: those to build the mesh from (default:
     every device JAX sees)."""
-    cfg, params, placement = _placed(family, cfg, params, config, devices)
     lay = getattr(family, "compute_layout", None)
-    return cfg, (lay(params, platform_in_use()) if lay is not None else params), placement
+    if lay is None:
+        return _placed(family, cfg, params, config, devices)
+    moves = config.enable_eplb or not config.parallel().is_single_device
+    # (another engine's params may come laid out already: placement reads the loaded layout)
+    cfg, params, placement = _placed(family, cfg, family.checkpoint_layout(params) if moves else params, config,
+                                     devices)
+    return cfg, lay(params, platform_in_use()), placement
 
 
 def _placed(family, cfg, params: dict, config, devices) -> tuple:

@@ -49,6 +49,10 @@ class DeepSeekV4:
         """params with the dense projections stored as the platform's dot wants them (weight_layout.py)."""
         return weight_layout.for_platform(params, platform)
 
+    def checkpoint_layout(self, params):
+        """compute_layout's inverse: the tree as loaded ([out, in] everywhere)."""
+        return weight_layout.checkpoint_layout(params)
+
     def replay_horizon(self, cfg, layout):
         return state.replay_horizon(cfg, layout)
 

@@ -14,6 +14,7 @@ from jax import lax
 
 from deepinfer.config import HASH_MOE, ModelConfig
 from deepinfer.models.deepseek_v4.ops import linear, swiglu
+from deepinfer.models.deepseek_v4.weight_layout import InOut
 from deepinfer.numerics import fixed_sum, opaque_count
 from pallas_kernels import grouped_matmul as gm
 from sharding.expert_placement import physical_choice
@@ -243,7 +244,10 @@ def _width_split_mlps(cfg: ModelConfig, p: dict, x: jax.Array, weights: jax.Arra
     specs = {"experts": {"w1": rows, "w2": cols, "w3": rows}}
     mlps = {"experts": p["experts"]}
     if "shared" in p:
-        specs["shared"] = {"w1": P(axis), "w2": P(None, axis), "w3": P(axis)}
+        # [width, D] / [D, width]; stored transposed (InOut, a CPU's layout: weight_layout.py) the other way
+        width_first, width_last = ((P(None, axis), P(axis)) if isinstance(p["shared"]["w1"], InOut)
+                                   else (P(axis), P(None, axis)))
+        specs["shared"] = {"w1": width_first, "w2": width_last, "w3": width_first}
         mlps["shared"] = p["shared"]
 
     def local(mlps, x, weights, experts):

@@ -14,8 +14,9 @@ time, where both layouts cost the same, and the grouped kernels take that layout
 quantized stay as stored (they are dequantized inside the step anyway).
 
 On other platforms the tree is returned as it is (not measured there: a GPU's GEMMs take a transposed
-operand natively). A tree holding InOut leaves is a compute tree: the checkpoint writers expect the
-loader's ``[out, in]`` tree, not ``engine.params``.
+operand natively). A tree holding InOut leaves is a compute tree: placement on a mesh and the checkpoint writers read
+the loader's ``[out, in]`` tree (``checkpoint_layout`` gives it back; an engine handed another
+engine's params does that before placing them).
 """
 
 from __future__ import annotations
@@ -67,17 +68,19 @@ def is_projection(path: tuple[str, ...]) -> bool:
             or (parent == "shared" and name in ("w1", "w2", "w3")) or path == ("head",))
 
 
-def _transposed(w: Any) -> InOut:
-    """w [out, in] (a placed jax array) as InOut on the same devices, its sharding's axes swapped."""
+def _transposed(w: jax.Array) -> jax.Array:
+    """The 2-D ``w`` transposed on the same devices, its sharding's axes swapped."""
     sharding = w.sharding
     if isinstance(sharding, jax.sharding.NamedSharding):
         spec = tuple(sharding.spec) + (None,) * (2 - len(sharding.spec))
         sharding = jax.sharding.NamedSharding(sharding.mesh, jax.sharding.PartitionSpec(*spec[::-1]))
     if w.is_fully_addressable:
-        # on a CPU the device memory is the host's: a numpy transpose, no program to compile
-        return InOut(jax.device_put(np.ascontiguousarray(np.asarray(w).T), sharding))
+        # on a CPU the device memory is the host's: a numpy transpose, no program to compile. An
+        # uncommitted weight stays uncommitted: a committed argument is another jit cache entry than the
+        # program warm-up compiled ahead for (runtime/ahead_of_time.abstract), so each would compile twice
+        return jax.device_put(np.ascontiguousarray(np.asarray(w).T), sharding if w.committed else None)
     # several processes (each holds its own devices' shards): transposed where it lies
-    return InOut(jax.jit(_transpose, out_shardings=sharding)(w))
+    return jax.jit(_transpose, out_shardings=sharding)(w)
 
 
 def _transpose(a: jax.Array) -> jax.Array:
@@ -97,6 +100,20 @@ def for_platform(params: dict, platform: str) -> dict:
         if not (isinstance(leaf, (jax.Array, np.ndarray)) and leaf.ndim == 2 and jnp.issubdtype(leaf.dtype, jnp.floating)
                 and is_projection(keys)):
             return leaf
-        return _transposed(leaf if isinstance(leaf, jax.Array) else jax.device_put(leaf))
+        return InOut(_transposed(leaf if isinstance(leaf, jax.Array) else jax.device_put(leaf)))
 
     return jax.tree_util.tree_map_with_path(lay, params, is_leaf=lambda x: isinstance(x, InOut) or is_quantized(x))
+
+
+def is_laid_out(params: Any) -> bool:
+    """Whether any weight of ``params`` is stored transposed (InOut)."""
+    return any(isinstance(x, InOut) for x in jax.tree.leaves(params, is_leaf=lambda x: isinstance(x, InOut)))
+
+
+def checkpoint_layout(params: Any) -> Any:
+    """The inverse of :func:`for_platform`: every InOut back to the plain ``[out, in]`` array (e.g. an
+    engine's params handed to another engine, whose placement reads the checkpoint's tree)."""
+    if not is_laid_out(params):
+        return params
+    return jax.tree.map(lambda x: _transposed(x.t) if isinstance(x, InOut) else x, params,
+                        is_leaf=lambda x: isinstance(x, InOut))
