@@ -9,14 +9,15 @@ flag changed that), and asking XLA for a column-major parameter layout instead (
 layout``) made the same dot 3-10x slower. So on a CPU the engine stores the dense projections
 transposed, once, when it places the weights, each as an :class:`InOut` leaf that ``ops.linear`` and
 the lm head read as ``[in, out]``; ``generate()`` does the same to the params it is given (engine
-params pass through unchanged). BENCHMARKS.md §1 has the step times. Routed experts stay stacked ``[E, out, in]`` (decode runs them a row at a
-time, where both layouts cost the same, and the grouped kernels take that layout); weights kept
-quantized stay as stored (they are dequantized inside the step anyway).
+params pass through unchanged). BENCHMARKS.md §5 has the step times (8-20 % off 1-8-token steps).
+Routed experts stay stacked ``[E, out, in]`` (decode runs them a row at a time, where both layouts
+cost the same, and the grouped kernels take that layout); weights kept quantized stay as stored
+(they are dequantized inside the step anyway).
 
-On other platforms the tree is returned as it is (not measured there: a GPU's GEMMs take a transposed
-operand natively). A tree holding InOut leaves is a compute tree: placement on a mesh and the checkpoint writers read
-the loader's ``[out, in]`` tree (``checkpoint_layout`` gives it back; an engine handed another
-engine's params does that before placing them).
+On other platforms the tree is returned as it is (not measured there: a GPU's GEMMs take a
+transposed operand natively). A tree holding InOut leaves is a compute tree: placement on a mesh
+and the checkpoint writers read the loader's ``[out, in]`` tree (``checkpoint_layout`` gives it
+back; an engine handed another engine's params does that before placing them).
 """
 
 from __future__ import annotations
