@@ -1,6 +1,8 @@
 """Fixtures shared by several test modules."""
 
 import os
+import shutil
+import tempfile
 
 import pytest
 
@@ -11,6 +13,43 @@ os.environ.setdefault("DEEPINFER_CHECK_INVARIANTS", "1")
 
 from tests.engine_cases import MAX_TOKENS, alone, workload
 from tests.reference import load_case
+
+XLA_CACHE = pytest.StashKey[dict]()
+
+
+def pytest_configure(config):
+    """One persistent XLA compilation cache for the whole run (unless JAX_COMPILATION_CACHE_DIR names
+    one): modules build engines with the same step programs, and ``_release_compiled_programs`` drops
+    each module's compiled programs from memory, so without it every module compiles them again. What
+    it saved is printed at the end. CompileCounter counts a program read from it as a compile."""
+    import jax
+    import jax.monitoring
+
+    record = {"folder": None, "hits": 0, "saved_s": 0.0}
+    if not jax.config.jax_compilation_cache_dir:
+        record["folder"] = tempfile.mkdtemp(prefix="deepinfer-test-xla-cache-")
+        jax.config.update("jax_compilation_cache_dir", record["folder"])
+
+    def saved(event: str, seconds: float, **kwargs) -> None:
+        if event == "/jax/compilation_cache/compile_time_saved_sec":
+            record["hits"] += 1
+            record["saved_s"] += seconds
+
+    jax.monitoring.register_event_duration_secs_listener(saved)
+    config.stash[XLA_CACHE] = record
+
+
+def pytest_terminal_summary(terminalreporter, config):
+    record = config.stash.get(XLA_CACHE, None)
+    if record is not None:
+        terminalreporter.write_line(f"XLA compilation cache: {record['hits']} programs read instead of compiled, "
+                                    f"{record['saved_s']:.0f} s of compiling saved")
+
+
+def pytest_unconfigure(config):
+    record = config.stash.get(XLA_CACHE, None)
+    if record is not None and record["folder"]:
+        shutil.rmtree(record["folder"], ignore_errors=True)
 
 
 @pytest.fixture(scope="module")

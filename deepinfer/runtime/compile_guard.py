@@ -1,4 +1,7 @@
-"""Count XLA compilations (JAX's monitoring events), to prove a warm engine compiles nothing."""
+"""Count XLA compilations (JAX's monitoring events), to prove a warm engine compiles nothing.
+
+JAX reports a backend compile also for a program its persistent compilation cache supplies (the
+event times ``compile_or_get_cached``), so those count too: the program was not ready in memory."""
 
 from __future__ import annotations
 
