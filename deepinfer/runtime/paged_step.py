@@ -219,8 +219,8 @@ def sample_half(
     # the narrowest grid that holds every row's drafts: a step verifying few drafts (or none) pays
     # for what it verifies, not for the widest. The branches are widths 1, 2, 4, 8 below the widest
     # and the widest, not every width: each branch is a copy of the head and sampler, and a k = 5
-    # varlen program with six compiled 23 % slower than with four, while a step verifying 2 drafts
-    # in the 4-wide branch measured no slower than in a 3-wide one (BENCHMARKS.md §8)
+    # varlen program compiled in 23 % less time with four than with six, while a step verifying 2
+    # drafts in the 4-wide branch measured no slower than in a 3-wide one (BENCHMARKS.md §8)
     widths = tuple(sorted({w for w in (1, 2, 4, 8) if w < width} | {width})) if varlen else tuple(sorted({1, width}))
     if len(widths) == 1:
         sampled, ok, logits, logprobs = grid_of(width)(None)
