@@ -11,6 +11,11 @@ import pytest
 # processes started by the tests inherit it
 os.environ.setdefault("DEEPINFER_CHECK_INVARIANTS", "1")
 
+# compile at LLVM -O0 unless XLA_FLAGS names a level (tests/subprocess_env.py says why); before JAX starts
+from tests.subprocess_env import use_suite_opt_level
+
+use_suite_opt_level()
+
 from tests.engine_cases import MAX_TOKENS, alone, workload
 from tests.reference import load_case
 

@@ -14,10 +14,12 @@ import json
 import os
 import sys
 
+from tests.subprocess_env import xla_flags
+
 
 def main(process_id: int, port: int) -> None:
     os.environ["JAX_PLATFORMS"] = "cpu"
-    os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=4"
+    os.environ["XLA_FLAGS"] = xla_flags(4)  # the suite's optimisation level kept
     import jax
 
     jax.config.update("jax_cpu_collectives_implementation", "gloo")  # CPU collectives across processes

@@ -14,10 +14,12 @@ import json
 import os
 import sys
 
+from tests.subprocess_env import xla_flags
+
 
 def main(directory: str) -> None:
     os.environ["JAX_PLATFORMS"] = "cpu"
-    os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=2"
+    os.environ["XLA_FLAGS"] = xla_flags(2)  # the suite's optimisation level kept
     from deepinfer.default_model import default_model_dir
     from deepinfer.engine_config import EngineConfig
     from deepinfer.models.deepseek_v4.loader import load_checkpoint

@@ -1,6 +1,7 @@
 """sharding/collectives.py reads the collectives of a compiled program's HLO text."""
 
 from sharding.collectives import collectives, summary
+from tests.subprocess_env import cpu_devices_env
 
 
 def test_long_tuples_with_index_comments_are_read():
@@ -45,7 +46,7 @@ def test_collectives_run_by_loops_and_branches_are_told_apart():
     import sys
 
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=2", JAX_PLATFORMS="cpu")
+    env = cpu_devices_env(2)
     out = subprocess.run([sys.executable, "-c", _LOOP_PROGRAM], cwd=root, env=env, capture_output=True,
                          text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]

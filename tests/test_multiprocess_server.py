@@ -19,6 +19,7 @@ import pytest
 
 from deepinfer.serve.launch import free_port
 from tests.conftest import BUNDLED_SERVER_ARGS
+from tests.subprocess_env import cpu_devices_env
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MODEL = "deepinfer-tiny-v4"
@@ -28,8 +29,7 @@ MODEL = "deepinfer-tiny-v4"
 def two_ranks(tmp_path_factory):
     root = tmp_path_factory.mktemp("two-ranks")
     coordinator, port = free_port(), free_port()
-    env = {**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": "--xla_force_host_platform_device_count=2",
-           "DEEPINFER_CACHE": str(root / "cache")}
+    env = cpu_devices_env(2, DEEPINFER_CACHE=str(root / "cache"))
     # the bundled server's settings on a mesh, but one program (a full warm-up: 64-token steps, one
     # block-table width) to keep the start short
     args = [*BUNDLED_SERVER_ARGS, "--token-buckets", "64", "--context-buckets", "none", "--compile-cache", "off", "--no-ui",

@@ -24,6 +24,7 @@ from deepinfer.orbax_io import MANIFEST, is_orbax_checkpoint, load_orbax, save_o
 from deepinfer.params import flatten_dotted, init_params, unflatten_dotted
 from deepinfer.quant.formats import QuantizedArray
 from deepinfer.quant.quantize import quantize_fp4_group, quantize_fp8_block
+from tests.subprocess_env import cpu_devices_env
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FP8_PATH, FP4_PATH = "layers.0.attn.wq_b", "layers.2.ffn.experts.w1"
@@ -249,7 +250,7 @@ RESHARD = textwrap.dedent(
 def test_restore_onto_another_device_layout(saved, tmp_path):
     """Saved from tp_ep on a (2, 4) mesh, restored with ep on 8 devices and on one device (a fresh
     process: the fake device count is fixed at start-up)."""
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8", JAX_PLATFORMS="cpu", PYTHONPATH=ROOT)
+    env = cpu_devices_env(8, PYTHONPATH=ROOT)
     proc = subprocess.run([sys.executable, "-c", RESHARD, saved, str(tmp_path / "tp_ep")], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -15,6 +15,7 @@ import pytest
 
 from deepinfer.engine_config import EngineConfig
 from sharding.parallel import ParallelConfig
+from tests.subprocess_env import cpu_devices_env
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 LAYOUTS = [{"tensor_parallel_size": 2}, {"tensor_parallel_size": 4, "enable_expert_parallel": True},
@@ -38,7 +39,7 @@ def ranks(layout: dict) -> int:
 
 @pytest.fixture(scope="module")
 def parallel_runs():
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8", JAX_PLATFORMS="cpu")
+    env = cpu_devices_env(8)
     proc = subprocess.run([sys.executable, "-m", "tests.parallel_run", *map(json.dumps, LAYOUTS), "eplb"], cwd=ROOT,
                           env=env, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-4000:]
@@ -186,7 +187,7 @@ def test_two_processes_run_one_engine_equal_to_one_device():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAX_PLATFORMS")}
+    env = {k: v for k, v in os.environ.items() if k != "JAX_PLATFORMS"}  # XLA_FLAGS: the child keeps its level
     procs = [subprocess.Popen([sys.executable, "-m", "tests.multiprocess_run", str(i), str(port)], cwd=ROOT, env=env,
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for i in range(2)]
     try:
@@ -227,7 +228,7 @@ def test_data_parallel_decode_bursts_in_narrow_tables_equal_one_device():
     """Decode bursts of 2 steps and narrower block tables under DP2 + EP2: the one-device tokens (the
     workload of the layouts above, its greedy and seeded requests), both used, nothing compiled later
     (~100 s; `pytest -m slow -k decode_bursts_in_narrow`)."""
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=2", JAX_PLATFORMS="cpu")
+    env = cpu_devices_env(2)
     proc = subprocess.run([sys.executable, "-m", "tests.parallel_run", "bursts"], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-4000:]
@@ -242,7 +243,7 @@ def test_data_parallel_decode_bursts_in_narrow_tables_equal_one_device():
 def test_data_parallel_steps_with_constrained_rows_equal_one_device():
     """Constrained rows under attention data-parallel (the model and sampling halves as two programs, with
     overlap), DP2 + EP2 against one device (~70 s; `pytest -m slow -k constrained_rows`)."""
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=2", JAX_PLATFORMS="cpu")
+    env = cpu_devices_env(2)
     proc = subprocess.run([sys.executable, "-m", "tests.parallel_run", "structured"], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-4000:]

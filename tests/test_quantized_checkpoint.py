@@ -48,6 +48,7 @@ from tests.reference import (
     randomize_,
     reference_logits,
 )
+from tests.subprocess_env import cpu_devices_env
 
 TOLERANCE = 1e-4  # fp32 logits against transformers, as in test_loader.py
 
@@ -243,7 +244,7 @@ def test_llm_keeps_quantized_weights_on_a_mesh(release_dir):
             "wq_b": list(layer["attn"]["wq_b"].data.shape), "wq_b_shards": split(layer["attn"]["wq_b"].data)}}))
         """
     )
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=2", JAX_PLATFORMS="cpu")
+    env = cpu_devices_env(2)
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     proc = subprocess.run([sys.executable, "-c", script], cwd=root, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -403,7 +404,7 @@ def test_streamed_into_a_sharded_target_on_8_devices(release_dir):
             assert err < 1e-5, (mode, err)
         """
     )
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8", JAX_PLATFORMS="cpu")
+    env = cpu_devices_env(8)
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     proc = subprocess.run([sys.executable, "-c", script], cwd=root, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]

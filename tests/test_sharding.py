@@ -14,6 +14,7 @@ from deepinfer.models.deepseek_v4 import model_spec
 from deepinfer.params import flatten_dotted
 from sharding.rules import PRESETS, param_shardings
 from tests.reference import deepinfer_config
+from tests.subprocess_env import cpu_devices_env
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -62,7 +63,7 @@ def test_sharded_forward_matches_unsharded():
         assert err < 1e-5, err
         """
     )
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4", JAX_PLATFORMS="cpu")
+    env = cpu_devices_env(4)
     proc = subprocess.run([sys.executable, "-c", script], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "REL_ERR" in proc.stdout
