@@ -141,7 +141,9 @@ def _check_thinking(tok, reqs, sps, end):
             assert req.finish_reason == "stop" and _valid(_text(tok, req).split("</think>", 1)[1], SCHEMAS[0])
 
 
-@pytest.mark.parametrize("mode", list(MODES))
+# without overlap with `pytest -m slow` (103 s of the suite on 2026-12-07; the loops differ only in the steps
+# before a constrained request runs, and tests/test_overlap.py compares them on unconstrained requests)
+@pytest.mark.parametrize("mode", [m if m != "no_overlap" else pytest.param(m, marks=pytest.mark.slow) for m in MODES])
 def test_every_output_follows_its_constraint(bundled, mode):
     """All constraints in one batch with unconstrained requests and thinking-budget requests beside them
     (without overlap: every other one, as the loops differ only in the steps before a constrained
